@@ -1,0 +1,149 @@
+//! The environment contract between the parts that set a container's limits (webhook, device plugin)
+//! and the preload library that enforces them.
+//!
+//! | variable | set by | value |
+//! |---|---|---|
+//! | `CUDA_DEVICE_MEMORY_LIMIT` | webhook | memory per visible device: bytes, or with a unit `b k m g` (any case, binary: `4096m` = 4 GiB) |
+//! | `CUDA_DEVICE_MEMORY_LIMIT_<i>` | device plugin | the same for visible device `i`; wins over the unsuffixed one |
+//! | `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<i>` | webhook, device plugin | 0–100, percent of SMs; 0 = unlimited |
+//! | `CUDA_DEVICE_MEMORY_SHARED_CACHE` | device plugin | path of the container's accounting file |
+//! | `VGPU_*` | reserved | for future knobs of the hook |
+//!
+//! A tenant must not be able to set any of these: the webhook replaces user values, and the validating
+//! webhook refuses them. [`is_reserved`] is the one definition of "a variable the runtime reads".
+
+use thiserror::Error;
+
+/// Memory limit for every visible device (a per-device variable wins).
+pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// SM limit for every visible device (a per-device variable wins).
+pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the container's shared accounting file.
+pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Prefix reserved for other settings of the hook.
+pub const RESERVED_PREFIX: &str = "VGPU_";
+/// Default accounting-file path when [`SHARED_CACHE`] is unset.
+pub const DEFAULT_SHARED_CACHE: &str = "/tmp/vgpu/vgpu.cache";
+
+/// `CUDA_DEVICE_MEMORY_LIMIT_<index>`.
+pub fn memory_limit_for(index: usize) -> String {
+    format!("{MEMORY_LIMIT}_{index}")
+}
+
+/// `CUDA_DEVICE_SM_LIMIT_<index>`.
+pub fn sm_limit_for(index: usize) -> String {
+    format!("{SM_LIMIT}_{index}")
+}
+
+/// Whether the runtime reads `name`, so that only vgpu may set it.
+pub fn is_reserved(name: &str) -> bool {
+    let indexed = |base: &str| {
+        name.strip_prefix(base).is_some_and(|rest| {
+            rest.is_empty() || rest.strip_prefix('_').is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    indexed(MEMORY_LIMIT) || indexed(SM_LIMIT) || name == SHARED_CACHE || name.starts_with(RESERVED_PREFIX)
+}
+
+/// Writes a MiB amount the way the webhook injects it: `4096m`.
+pub fn format_memory_mib(mib: u64) -> String {
+    format!("{mib}m")
+}
+
+/// Why an environment value cannot be read. The hook prints it and fails closed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum EnvValueError {
+    /// Not a number with an optional unit.
+    #[error("{value:?} is not a memory size (bytes, or a number with unit b, k, m or g)")]
+    NotMemory {
+        /// The value as found.
+        value: String,
+    },
+    /// Above 16 EiB.
+    #[error("{value:?} is too large")]
+    TooLarge {
+        /// The value as found.
+        value: String,
+    },
+    /// Not a whole percentage 0–100.
+    #[error("{value:?} is not a percentage 0-100")]
+    NotPercent {
+        /// The value as found.
+        value: String,
+    },
+}
+
+/// Parses a memory limit into bytes: plain bytes, or a number with a unit `b k m g`, case-insensitive,
+/// binary multiples.
+///
+/// ```
+/// use vgpu_core::env::parse_memory_bytes;
+/// assert_eq!(parse_memory_bytes("4096m"), Ok(4 << 30));
+/// assert_eq!(parse_memory_bytes("4G"), Ok(4 << 30));
+/// assert_eq!(parse_memory_bytes("1024"), Ok(1024));
+/// ```
+pub fn parse_memory_bytes(value: &str) -> Result<u64, EnvValueError> {
+    let bad = || EnvValueError::NotMemory { value: value.to_string() };
+    let v = value.trim();
+    let (digits, shift) = match v.as_bytes().last().map(u8::to_ascii_lowercase) {
+        Some(b'b') => (&v[..v.len() - 1], 0),
+        Some(b'k') => (&v[..v.len() - 1], 10),
+        Some(b'm') => (&v[..v.len() - 1], 20),
+        Some(b'g') => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| EnvValueError::TooLarge { value: value.to_string() })?;
+    n.checked_mul(1u64 << shift).ok_or_else(|| EnvValueError::TooLarge { value: value.to_string() })
+}
+
+/// Parses an SM limit, 0–100.
+pub fn parse_sm_percent(value: &str) -> Result<u32, EnvValueError> {
+    let v = value.trim();
+    match v.parse::<u32>() {
+        Ok(p) if p <= 100 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(EnvValueError::NotPercent { value: value.to_string() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_names() {
+        for n in [MEMORY_LIMIT, "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_12", SM_LIMIT, SHARED_CACHE, "VGPU_LOG"] {
+            assert!(is_reserved(n), "{n}");
+        }
+        for n in ["CUDA_DEVICE_MEMORY_LIMITX", "CUDA_DEVICE_SM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_a", "CUDA_VISIBLE_DEVICES", "PATH"] {
+            assert!(!is_reserved(n), "{n}");
+        }
+        assert_eq!(memory_limit_for(3), "CUDA_DEVICE_MEMORY_LIMIT_3");
+        assert_eq!(sm_limit_for(0), "CUDA_DEVICE_SM_LIMIT_0");
+    }
+
+    #[test]
+    fn memory_values_round_trip() {
+        assert_eq!(parse_memory_bytes(&format_memory_mib(4096)), Ok(4096 << 20));
+        for (v, want) in [("1b", 1), ("2K", 2048), ("3k", 3072), ("1g", 1 << 30), ("7", 7), ("0", 0)] {
+            assert_eq!(parse_memory_bytes(v), Ok(want), "{v}");
+        }
+        for v in ["", "m", "4.5g", "-1", "4gb", "abc", "4 t"] {
+            assert_eq!(parse_memory_bytes(v), Err(EnvValueError::NotMemory { value: v.into() }), "{v}");
+        }
+        assert!(matches!(parse_memory_bytes("17179869184g"), Err(EnvValueError::TooLarge { .. })));
+        assert!(matches!(parse_memory_bytes("99999999999999999999"), Err(EnvValueError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn sm_values() {
+        assert_eq!(parse_sm_percent("0"), Ok(0));
+        assert_eq!(parse_sm_percent("100"), Ok(100));
+        for v in ["101", "-1", "+5", "x", ""] {
+            assert!(parse_sm_percent(v).is_err(), "{v}");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! GPU placement: fit, score and policies. To be written with the scheduler.

@@ -1,0 +1,1 @@
+//! Test double of kube-apiserver: HTTPS, Kubernetes JSON, list/watch, optimistic concurrency (to be written).

@@ -1,0 +1,91 @@
+//! Support shared by every test in `tests/`: finding the real binaries, running them as child
+//! processes that die with the test, temporary directories, polling with a deadline, and test
+//! certificates.
+//!
+//! The doubles themselves (fake libcuda, fake NVML, fake kubelet, fake API server) live in their own
+//! crates beside this one so that each can be loaded the way the real thing is (a cdylib through
+//! `dlopen`, a server on a socket).
+
+pub mod certs;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The cargo target directory's profile folder (`target/debug`), derived from the running test
+/// executable (`target/debug/deps/integration-…`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Builds every binary and library of the workspace once per test process, so tests always run the
+/// code they were compiled with (cargo only builds a package's own binaries for its tests).
+pub fn ensure_built() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "--workspace", "--bins", "--lib"]);
+        if profile_dir().ends_with("release") {
+            cmd.arg("--release");
+        }
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+        let status = cmd.current_dir(workspace).status().expect("run cargo build");
+        assert!(status.success(), "cargo build --workspace failed: {status}");
+    });
+}
+
+/// Path of a workspace binary (`vgpu-webhook`), built if needed.
+pub fn binary(name: &str) -> PathBuf {
+    ensure_built();
+    let p = profile_dir().join(name);
+    assert!(p.exists(), "binary {} not found after cargo build", p.display());
+    p
+}
+
+/// Path of a workspace cdylib by crate name (`fake_cuda` -> `libfake_cuda.so`), built if needed.
+pub fn cdylib(crate_name: &str) -> PathBuf {
+    ensure_built();
+    let p = profile_dir().join(format!("lib{crate_name}.so"));
+    assert!(p.exists(), "library {} not found after cargo build", p.display());
+    p
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// Polls `f` every few milliseconds until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Async twin of [`wait_for`].
+pub async fn wait_for_async<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,94 @@
+//! Child processes that are killed when the test ends and whose output is shown when it fails.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A running child process; killed on drop. Its stdout and stderr are collected line by line.
+pub struct Running {
+    name: String,
+    child: Child,
+    output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    /// Spawns `cmd` with piped output.
+    pub fn spawn(name: &str, mut cmd: Command) -> Running {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let output = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let out = output.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    out.lock().unwrap().push(line);
+                }
+            });
+        }
+        Running { name: name.to_string(), child, output }
+    }
+
+    /// Output lines so far (stdout and stderr interleaved as read).
+    pub fn output(&self) -> Vec<String> {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// Waits until a line matching `pred` appears, or panics after `timeout` showing the output.
+    pub fn wait_for_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.output().into_iter().find(|l| pred(l)) {
+                return l;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited with {status} before the expected line; output:\n{}", self.name, self.output().join("\n"));
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("{}: expected line not seen in {timeout:?}; output:\n{}", self.name, self.output().join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM-equivalent kill and waits (tests that need SIGTERM send it themselves).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- output of {} ----\n{}", self.name, self.output().join("\n"));
+        }
+    }
+}
