@@ -76,7 +76,12 @@ impl From<VgpuRequest> for InjectedContainer {
             Memory::Mib(m) => (Some(m), None),
             Memory::Percent(p) => (None, Some(p)),
         };
-        Self { gpus: r.gpus, mem_mib, mem_pct, cores: r.cores }
+        Self {
+            gpus: r.gpus,
+            mem_mib,
+            mem_pct,
+            cores: r.cores,
+        }
     }
 }
 
@@ -116,7 +121,11 @@ pub(crate) fn decode_versioned<T: serde::de::DeserializeOwned>(
     struct Probe(serde_json::Map<String, serde_json::Value>);
     let json = |source| CodecError::Json { annotation, source };
     let probe: Probe = serde_json::from_str(s).map_err(json)?;
-    let found = probe.0.get(field).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let found = probe
+        .0
+        .get(field)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
     if found > u64::from(supported) {
         return Err(CodecError::UnsupportedVersion {
             annotation,
@@ -157,8 +166,22 @@ mod tests {
     #[test]
     fn marker_round_trips_and_v1_parses() {
         let m = InjectedMarker::new([
-            ("main".to_string(), VgpuRequest { gpus: 2, memory: Memory::Mib(4096), cores: 30 }),
-            ("prep".to_string(), VgpuRequest { gpus: 1, memory: Memory::Percent(100), cores: 0 }),
+            (
+                "main".to_string(),
+                VgpuRequest {
+                    gpus: 2,
+                    memory: Memory::Mib(4096),
+                    cores: 30,
+                },
+            ),
+            (
+                "prep".to_string(),
+                VgpuRequest {
+                    gpus: 1,
+                    memory: Memory::Percent(100),
+                    cores: 0,
+                },
+            ),
         ]);
         assert_eq!(m.encode(), V1);
         assert_eq!(InjectedMarker::decode(V1).unwrap(), m);
@@ -167,7 +190,10 @@ mod tests {
     #[test]
     fn marker_refuses_newer_and_garbage() {
         let e = InjectedMarker::decode(r#"{"v":2,"c":{}}"#).unwrap_err();
-        assert_eq!(e.to_string(), "annotation vgpu.io/injected has version 2; this build reads up to 1");
+        assert_eq!(
+            e.to_string(),
+            "annotation vgpu.io/injected has version 2; this build reads up to 1"
+        );
         assert!(InjectedMarker::decode("{").is_err());
         assert!(InjectedMarker::decode(r#"{"v":1}"#).is_err());
     }

@@ -47,7 +47,11 @@ pub struct DeviceSlice {
 impl PodAssignment {
     /// An assignment of the current version.
     pub fn new(node: impl Into<String>, containers: Vec<ContainerAssignment>) -> Self {
-        Self { version: ASSIGNMENT_VERSION, node: node.into(), containers }
+        Self {
+            version: ASSIGNMENT_VERSION,
+            node: node.into(),
+            containers,
+        }
     }
 
     /// The devices of container `name`, if it was assigned any.

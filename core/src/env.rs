@@ -39,10 +39,16 @@ pub fn sm_limit_for(index: usize) -> String {
 pub fn is_reserved(name: &str) -> bool {
     let indexed = |base: &str| {
         name.strip_prefix(base).is_some_and(|rest| {
-            rest.is_empty() || rest.strip_prefix('_').is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            rest.is_empty()
+                || rest
+                    .strip_prefix('_')
+                    .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
         })
     };
-    indexed(MEMORY_LIMIT) || indexed(SM_LIMIT) || name == SHARED_CACHE || name.starts_with(RESERVED_PREFIX)
+    indexed(MEMORY_LIMIT)
+        || indexed(SM_LIMIT)
+        || name == SHARED_CACHE
+        || name.starts_with(RESERVED_PREFIX)
 }
 
 /// Writes a MiB amount the way the webhook injects it: `4096m`.
@@ -84,7 +90,9 @@ pub enum EnvValueError {
 /// assert_eq!(parse_memory_bytes("1024"), Ok(1024));
 /// ```
 pub fn parse_memory_bytes(value: &str) -> Result<u64, EnvValueError> {
-    let bad = || EnvValueError::NotMemory { value: value.to_string() };
+    let bad = || EnvValueError::NotMemory {
+        value: value.to_string(),
+    };
     let v = value.trim();
     let (digits, shift) = match v.as_bytes().last().map(u8::to_ascii_lowercase) {
         Some(b'b') => (&v[..v.len() - 1], 0),
@@ -96,8 +104,13 @@ pub fn parse_memory_bytes(value: &str) -> Result<u64, EnvValueError> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
-    let n: u64 = digits.parse().map_err(|_| EnvValueError::TooLarge { value: value.to_string() })?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| EnvValueError::TooLarge { value: value.to_string() })
+    let n: u64 = digits.parse().map_err(|_| EnvValueError::TooLarge {
+        value: value.to_string(),
+    })?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| EnvValueError::TooLarge {
+            value: value.to_string(),
+        })
 }
 
 /// Parses an SM limit, 0–100.
@@ -105,7 +118,9 @@ pub fn parse_sm_percent(value: &str) -> Result<u32, EnvValueError> {
     let v = value.trim();
     match v.parse::<u32>() {
         Ok(p) if p <= 100 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        _ => Err(EnvValueError::NotPercent { value: value.to_string() }),
+        _ => Err(EnvValueError::NotPercent {
+            value: value.to_string(),
+        }),
     }
 }
 
@@ -115,10 +130,23 @@ mod tests {
 
     #[test]
     fn reserved_names() {
-        for n in [MEMORY_LIMIT, "CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_12", SM_LIMIT, SHARED_CACHE, "VGPU_LOG"] {
+        for n in [
+            MEMORY_LIMIT,
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+            "CUDA_DEVICE_SM_LIMIT_12",
+            SM_LIMIT,
+            SHARED_CACHE,
+            "VGPU_LOG",
+        ] {
             assert!(is_reserved(n), "{n}");
         }
-        for n in ["CUDA_DEVICE_MEMORY_LIMITX", "CUDA_DEVICE_SM_LIMIT_", "CUDA_DEVICE_SM_LIMIT_a", "CUDA_VISIBLE_DEVICES", "PATH"] {
+        for n in [
+            "CUDA_DEVICE_MEMORY_LIMITX",
+            "CUDA_DEVICE_SM_LIMIT_",
+            "CUDA_DEVICE_SM_LIMIT_a",
+            "CUDA_VISIBLE_DEVICES",
+            "PATH",
+        ] {
             assert!(!is_reserved(n), "{n}");
         }
         assert_eq!(memory_limit_for(3), "CUDA_DEVICE_MEMORY_LIMIT_3");
@@ -128,14 +156,31 @@ mod tests {
     #[test]
     fn memory_values_round_trip() {
         assert_eq!(parse_memory_bytes(&format_memory_mib(4096)), Ok(4096 << 20));
-        for (v, want) in [("1b", 1), ("2K", 2048), ("3k", 3072), ("1g", 1 << 30), ("7", 7), ("0", 0)] {
+        for (v, want) in [
+            ("1b", 1),
+            ("2K", 2048),
+            ("3k", 3072),
+            ("1g", 1 << 30),
+            ("7", 7),
+            ("0", 0),
+        ] {
             assert_eq!(parse_memory_bytes(v), Ok(want), "{v}");
         }
         for v in ["", "m", "4.5g", "-1", "4gb", "abc", "4 t"] {
-            assert_eq!(parse_memory_bytes(v), Err(EnvValueError::NotMemory { value: v.into() }), "{v}");
+            assert_eq!(
+                parse_memory_bytes(v),
+                Err(EnvValueError::NotMemory { value: v.into() }),
+                "{v}"
+            );
         }
-        assert!(matches!(parse_memory_bytes("17179869184g"), Err(EnvValueError::TooLarge { .. })));
-        assert!(matches!(parse_memory_bytes("99999999999999999999"), Err(EnvValueError::TooLarge { .. })));
+        assert!(matches!(
+            parse_memory_bytes("17179869184g"),
+            Err(EnvValueError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            parse_memory_bytes("99999999999999999999"),
+            Err(EnvValueError::TooLarge { .. })
+        ));
     }
 
     #[test]

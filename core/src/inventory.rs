@@ -50,7 +50,10 @@ pub struct DeviceInfo {
 impl NodeInventory {
     /// An inventory of the current version.
     pub fn new(devices: Vec<DeviceInfo>) -> Self {
-        Self { version: INVENTORY_VERSION, devices }
+        Self {
+            version: INVENTORY_VERSION,
+            devices,
+        }
     }
 
     /// The annotation value.
@@ -85,6 +88,9 @@ mod tests {
     #[test]
     fn refuses_newer_version() {
         let e = NodeInventory::decode(r#"{"version":9,"devices":[]}"#).unwrap_err();
-        assert!(matches!(e, CodecError::UnsupportedVersion { found: 9, .. }), "{e}");
+        assert!(
+            matches!(e, CodecError::UnsupportedVersion { found: 9, .. }),
+            "{e}"
+        );
     }
 }

@@ -187,11 +187,21 @@ mod tests {
         assert_eq!(parse_integer("1.5"), Err(NotInteger("1.5".into())));
         assert_eq!(parse_integer("1e-1"), Err(NotInteger("1e-1".into())));
         assert_eq!(parse_integer("-1"), Err(Negative("-1".into())));
-        for junk in ["abc", "4 Gi", "4gi", "4KiB", ".", "1.2.3", "e3", "1e", "1e+", "0x10", "4Gi ", "++1", "1e99999"] {
-            assert!(matches!(parse_integer(junk), Err(Syntax(_))), "{junk}: {:?}", parse_integer(junk));
+        for junk in [
+            "abc", "4 Gi", "4gi", "4KiB", ".", "1.2.3", "e3", "1e", "1e+", "0x10", "4Gi ", "++1",
+            "1e99999",
+        ] {
+            assert!(
+                matches!(parse_integer(junk), Err(Syntax(_))),
+                "{junk}: {:?}",
+                parse_integer(junk)
+            );
         }
         assert!(matches!(parse_integer("16Ei"), Err(TooLarge(_))));
-        assert!(matches!(parse_integer("99999999999999999999"), Err(TooLarge(_))));
+        assert!(matches!(
+            parse_integer("99999999999999999999"),
+            Err(TooLarge(_))
+        ));
         assert!(matches!(parse_integer("1e40"), Err(TooLarge(_))));
     }
 

@@ -48,7 +48,11 @@ pub struct ContainerResources {
 impl ContainerResources {
     /// A container with no resources.
     pub fn new(name: impl Into<String>, kind: ContainerKind) -> Self {
-        Self { name: name.into(), kind: Some(kind), ..Self::default() }
+        Self {
+            name: name.into(),
+            kind: Some(kind),
+            ..Self::default()
+        }
     }
 
     /// Adds a limit (builder style, for tests and examples).
@@ -64,11 +68,17 @@ impl ContainerResources {
     }
 
     fn limit_of(&self, name: &str) -> Option<&str> {
-        self.limits.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.limits
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     fn request_of(&self, name: &str) -> Option<&str> {
-        self.requests.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.requests
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -194,13 +204,25 @@ const MAX_PERCENT: u64 = 100;
 impl RequestPolicy {
     /// Reads one container. `Ok(None)` means it asks for no vGPU (none of the names appear, or only
     /// `gpu: 0`).
-    pub fn parse_container(&self, c: &ContainerResources) -> Result<Option<VgpuRequest>, RequestError> {
-        let err = |kind| RequestError { container: c.name.clone(), kind };
+    pub fn parse_container(
+        &self,
+        c: &ContainerResources,
+    ) -> Result<Option<VgpuRequest>, RequestError> {
+        let err = |kind| RequestError {
+            container: c.name.clone(),
+            kind,
+        };
         let n = &self.names;
 
         if c.kind == Some(ContainerKind::Ephemeral) {
-            if let Some(name) = n.all().into_iter().find(|r| c.limit_of(r).or(c.request_of(r)).is_some()) {
-                return Err(err(RequestErrorKind::Ephemeral { resource: name.to_string() }));
+            if let Some(name) = n
+                .all()
+                .into_iter()
+                .find(|r| c.limit_of(r).or(c.request_of(r)).is_some())
+            {
+                return Err(err(RequestErrorKind::Ephemeral {
+                    resource: name.to_string(),
+                }));
             }
             return Ok(None);
         }
@@ -210,7 +232,10 @@ impl RequestPolicy {
             let request = c.request_of(resource);
             let parse = |s: &str| {
                 parse_integer(s).map_err(|source| {
-                    err(RequestErrorKind::Quantity { resource: resource.to_string(), source })
+                    err(RequestErrorKind::Quantity {
+                        resource: resource.to_string(),
+                        source,
+                    })
                 })
             };
             let v = match (limit, request) {
@@ -230,7 +255,12 @@ impl RequestPolicy {
                 }
             };
             if v < min || v > max {
-                return Err(err(RequestErrorKind::OutOfRange { resource: resource.to_string(), value: v, min, max }));
+                return Err(err(RequestErrorKind::OutOfRange {
+                    resource: resource.to_string(),
+                    value: v,
+                    min,
+                    max,
+                }));
             }
             Ok(Some(v))
         };
@@ -246,13 +276,20 @@ impl RequestPolicy {
                 percentage: n.gpumem_percentage.clone(),
             }));
         }
-        let other = [(mem, &n.gpumem), (pct, &n.gpumem_percentage), (cores, &n.gpucores)]
-            .into_iter()
-            .find_map(|(v, name)| v.map(|_| name.clone()));
+        let other = [
+            (mem, &n.gpumem),
+            (pct, &n.gpumem_percentage),
+            (cores, &n.gpucores),
+        ]
+        .into_iter()
+        .find_map(|(v, name)| v.map(|_| name.clone()));
         let gpus = match (gpus, other) {
             (None, None) | (Some(0), None) => return Ok(None),
             (Some(0), Some(other)) => {
-                return Err(err(RequestErrorKind::ZeroGpus { resource: n.gpu.clone(), other }));
+                return Err(err(RequestErrorKind::ZeroGpus {
+                    resource: n.gpu.clone(),
+                    other,
+                }));
             }
             (Some(g), _) => g,
             (None, Some(_)) => u64::from(self.defaults.gpu),
@@ -299,30 +336,55 @@ mod tests {
     }
 
     fn req(gpus: u32, memory: Memory, cores: u32) -> Option<VgpuRequest> {
-        Some(VgpuRequest { gpus, memory, cores })
+        Some(VgpuRequest {
+            gpus,
+            memory,
+            cores,
+        })
     }
 
     #[test]
     fn reads_limits_and_applies_defaults() {
-        let c = ContainerResources::new("a", App).limit(GPU, "2").limit(MEM, "4096").limit(CORES, "30");
+        let c = ContainerResources::new("a", App)
+            .limit(GPU, "2")
+            .limit(MEM, "4096")
+            .limit(CORES, "30");
         assert_eq!(parse(c), Ok(req(2, Memory::Mib(4096), 30)));
         // Only gpumem: one GPU, unlimited cores.
-        assert_eq!(parse(ContainerResources::new("a", App).limit(MEM, "4k")), Ok(req(1, Memory::Mib(4000), 0)));
+        assert_eq!(
+            parse(ContainerResources::new("a", App).limit(MEM, "4k")),
+            Ok(req(1, Memory::Mib(4000), 0))
+        );
         // Only gpu: whole card.
-        assert_eq!(parse(ContainerResources::new("a", App).limit(GPU, "1")), Ok(req(1, Memory::Percent(100), 0)));
+        assert_eq!(
+            parse(ContainerResources::new("a", App).limit(GPU, "1")),
+            Ok(req(1, Memory::Percent(100), 0))
+        );
         // Only cores.
-        assert_eq!(parse(ContainerResources::new("a", App).limit(CORES, "25")), Ok(req(1, Memory::Percent(100), 25)));
-        assert_eq!(parse(ContainerResources::new("a", Init).limit(PCT, "50")), Ok(req(1, Memory::Percent(50), 0)));
+        assert_eq!(
+            parse(ContainerResources::new("a", App).limit(CORES, "25")),
+            Ok(req(1, Memory::Percent(100), 25))
+        );
+        assert_eq!(
+            parse(ContainerResources::new("a", Init).limit(PCT, "50")),
+            Ok(req(1, Memory::Percent(50), 0))
+        );
     }
 
     #[test]
     fn falls_back_to_requests_and_checks_equality() {
-        let c = ContainerResources::new("a", App).request(GPU, "1").request(MEM, "1Ki");
+        let c = ContainerResources::new("a", App)
+            .request(GPU, "1")
+            .request(MEM, "1Ki");
         assert_eq!(parse(c), Ok(req(1, Memory::Mib(1024), 0)));
         // "1k" and "1000" are the same quantity.
-        let same = ContainerResources::new("a", App).limit(MEM, "1k").request(MEM, "1000");
+        let same = ContainerResources::new("a", App)
+            .limit(MEM, "1k")
+            .request(MEM, "1000");
         assert_eq!(parse(same), Ok(req(1, Memory::Mib(1000), 0)));
-        let differ = ContainerResources::new("a", App).limit(MEM, "2048").request(MEM, "1024");
+        let differ = ContainerResources::new("a", App)
+            .limit(MEM, "2048")
+            .request(MEM, "1024");
         let e = parse(differ).unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -332,8 +394,14 @@ mod tests {
 
     #[test]
     fn no_vgpu_is_none() {
-        assert_eq!(parse(ContainerResources::new("a", App).limit("cpu", "500m")), Ok(None));
-        assert_eq!(parse(ContainerResources::new("a", App).limit(GPU, "0")), Ok(None));
+        assert_eq!(
+            parse(ContainerResources::new("a", App).limit("cpu", "500m")),
+            Ok(None)
+        );
+        assert_eq!(
+            parse(ContainerResources::new("a", App).limit(GPU, "0")),
+            Ok(None)
+        );
         assert_eq!(parse(ContainerResources::new("dbg", Ephemeral)), Ok(None));
     }
 
@@ -359,11 +427,21 @@ mod tests {
     fn configured_names_and_defaults() {
         let mut policy = RequestPolicy::default();
         policy.names.gpu = "example.com/vgpu".into();
-        policy.defaults = Defaults { gpu: 2, gpumem_percentage: 50, gpucores: 10 };
+        policy.defaults = Defaults {
+            gpu: 2,
+            gpumem_percentage: 50,
+            gpucores: 10,
+        };
         let c = ContainerResources::new("a", App).limit("example.com/vgpu", "1");
-        assert_eq!(policy.parse_container(&c), Ok(req(1, Memory::Percent(50), 10)));
+        assert_eq!(
+            policy.parse_container(&c),
+            Ok(req(1, Memory::Percent(50), 10))
+        );
         let c = ContainerResources::new("a", App).limit(CORES, "20");
-        assert_eq!(policy.parse_container(&c), Ok(req(2, Memory::Percent(50), 20)));
+        assert_eq!(
+            policy.parse_container(&c),
+            Ok(req(2, Memory::Percent(50), 20))
+        );
         // The default name is no longer special.
         let c = ContainerResources::new("a", App).limit(GPU, "1");
         assert_eq!(policy.parse_container(&c), Ok(None));
@@ -374,14 +452,20 @@ mod tests {
         let cs = [
             ContainerResources::new("init", Init).limit(GPU, "1"),
             ContainerResources::new("side", App),
-            ContainerResources::new("main", App).limit(GPU, "2").limit(MEM, "3000"),
+            ContainerResources::new("main", App)
+                .limit(GPU, "2")
+                .limit(MEM, "3000"),
         ];
         let got = RequestPolicy::default().parse_pod(&cs).unwrap();
         let names: Vec<_> = got.iter().map(|(c, _)| c.name.as_str()).collect();
         assert_eq!(names, ["init", "main"]);
         assert_eq!(got[1].1.total_mib(0), 6000);
         assert_eq!(got[0].1.total_mib(81920), 81920);
-        let half = VgpuRequest { gpus: 2, memory: Memory::Percent(50), cores: 0 };
+        let half = VgpuRequest {
+            gpus: 2,
+            memory: Memory::Percent(50),
+            cores: 0,
+        };
         assert_eq!(half.total_mib(24576), 24576);
         assert_eq!(half.mib_per_gpu(24577), 12288);
     }

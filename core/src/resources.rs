@@ -36,7 +36,12 @@ impl Default for ResourceNames {
 impl ResourceNames {
     /// All four names, in a fixed order (gpu, gpumem, gpumem-percentage, gpucores).
     pub fn all(&self) -> [&str; 4] {
-        [&self.gpu, &self.gpumem, &self.gpumem_percentage, &self.gpucores]
+        [
+            &self.gpu,
+            &self.gpumem,
+            &self.gpumem_percentage,
+            &self.gpucores,
+        ]
     }
 
     /// Whether `name` is one of the vGPU resources.
@@ -59,7 +64,11 @@ pub struct Defaults {
 
 impl Default for Defaults {
     fn default() -> Self {
-        Self { gpu: 1, gpumem_percentage: 100, gpucores: 0 }
+        Self {
+            gpu: 1,
+            gpumem_percentage: 100,
+            gpucores: 0,
+        }
     }
 }
 
@@ -72,11 +81,23 @@ mod tests {
         let names = ResourceNames::default();
         assert_eq!(
             names.all(),
-            ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"]
+            [
+                "nvidia.com/gpu",
+                "nvidia.com/gpumem",
+                "nvidia.com/gpumem-percentage",
+                "nvidia.com/gpucores"
+            ]
         );
         assert!(names.is_vgpu("nvidia.com/gpucores"));
         assert!(!names.is_vgpu("cpu"));
-        assert_eq!(Defaults::default(), Defaults { gpu: 1, gpumem_percentage: 100, gpucores: 0 });
+        assert_eq!(
+            Defaults::default(),
+            Defaults {
+                gpu: 1,
+                gpumem_percentage: 100,
+                gpucores: 0
+            }
+        );
     }
 
     #[test]

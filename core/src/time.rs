@@ -15,18 +15,31 @@ pub fn format_rfc3339(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;
     let secs = unix_secs % 86_400;
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 /// Parses `YYYY-MM-DDTHH:MM:SSZ` (fractional seconds allowed and dropped) into Unix seconds.
 pub fn parse_rfc3339(s: &str) -> Result<u64, TimestampError> {
     let bad = || TimestampError(s.to_string());
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return Err(bad());
     }
     let tail = &s[19..];
-    let tail = tail.strip_prefix('.').map_or(Some(tail), |f| f.trim_start_matches(|c: char| c.is_ascii_digit()).into());
+    let tail = tail.strip_prefix('.').map_or(Some(tail), |f| {
+        f.trim_start_matches(|c: char| c.is_ascii_digit()).into()
+    });
     if !matches!(tail, Some("Z" | "z")) {
         return Err(bad());
     }
@@ -37,8 +50,16 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, TimestampError> {
         }
         part.parse().map_err(|_| bad())
     };
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 || y < 1970 {
+    let (y, mo, d, h, mi, se) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 || y < 1970
+    {
         return Err(bad());
     }
     let days = days_from_civil(y as i64, mo as u32, d as u32);
@@ -77,8 +98,18 @@ mod tests {
         assert_eq!(format_rfc3339(1_796_237_187), "2026-12-02T18:46:27Z");
         assert_eq!(format_rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(parse_rfc3339("2026-12-02T18:46:27Z"), Ok(1_796_237_187));
-        assert_eq!(parse_rfc3339("2026-12-02T18:46:27.123456Z"), Ok(1_796_237_187));
-        for bad in ["", "2026-12-02 18:46:27Z", "2026-13-02T18:46:27Z", "2026-12-02T18:46:27+01:00", "2026-12-02T18:46:27", "x026-12-02T18:46:27Z"] {
+        assert_eq!(
+            parse_rfc3339("2026-12-02T18:46:27.123456Z"),
+            Ok(1_796_237_187)
+        );
+        for bad in [
+            "",
+            "2026-12-02 18:46:27Z",
+            "2026-13-02T18:46:27Z",
+            "2026-12-02T18:46:27+01:00",
+            "2026-12-02T18:46:27",
+            "x026-12-02T18:46:27Z",
+        ] {
             assert!(parse_rfc3339(bad).is_err(), "{bad}");
         }
     }

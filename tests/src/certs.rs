@@ -19,7 +19,8 @@ impl TestPki {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name.push(DnType::CommonName, "vgpu test CA");
+        ca.distinguished_name
+            .push(DnType::CommonName, "vgpu test CA");
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca, ca_key);
@@ -28,10 +29,16 @@ impl TestPki {
         let mut names = vec!["localhost".to_string()];
         names.extend(extra_dns.iter().map(|s| s.to_string()));
         let mut leaf = CertificateParams::new(names).unwrap();
-        leaf.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        leaf.distinguished_name.push(DnType::CommonName, "vgpu test server");
+        leaf.subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        leaf.distinguished_name
+            .push(DnType::CommonName, "vgpu test server");
         let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
-        TestPki { ca_pem: ca_cert.pem(), cert_pem: leaf_cert.pem(), key_pem: leaf_key.serialize_pem() }
+        TestPki {
+            ca_pem: ca_cert.pem(),
+            cert_pem: leaf_cert.pem(),
+            key_pem: leaf_key.serialize_pem(),
+        }
     }
 
     /// Writes `ca.crt`, `tls.crt` and `tls.key` into `dir` and returns their paths.
@@ -51,10 +58,12 @@ impl TestPki {
         for c in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth()
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
     }
 }

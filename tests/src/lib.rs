@@ -35,8 +35,13 @@ pub fn ensure_built() {
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         }
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-        let status = cmd.current_dir(workspace).status().expect("run cargo build");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root");
+        let status = cmd
+            .current_dir(workspace)
+            .status()
+            .expect("run cargo build");
         assert!(status.success(), "cargo build --workspace failed: {status}");
     });
 }
@@ -45,7 +50,11 @@ pub fn ensure_built() {
 pub fn binary(name: &str) -> PathBuf {
     ensure_built();
     let p = profile_dir().join(name);
-    assert!(p.exists(), "binary {} not found after cargo build", p.display());
+    assert!(
+        p.exists(),
+        "binary {} not found after cargo build",
+        p.display()
+    );
     p
 }
 
@@ -53,13 +62,20 @@ pub fn binary(name: &str) -> PathBuf {
 pub fn cdylib(crate_name: &str) -> PathBuf {
     ensure_built();
     let p = profile_dir().join(format!("lib{crate_name}.so"));
-    assert!(p.exists(), "library {} not found after cargo build", p.display());
+    assert!(
+        p.exists(),
+        "library {} not found after cargo build",
+        p.display()
+    );
     p
 }
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// Polls `f` every few milliseconds until it returns `Some` or `timeout` passes.
@@ -69,7 +85,10 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -85,7 +104,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -15,12 +15,20 @@ pub struct Running {
 impl Running {
     /// Spawns `cmd` with piped output.
     pub fn spawn(name: &str, mut cmd: Command) -> Running {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         let output = Arc::new(Mutex::new(Vec::new()));
         for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -32,7 +40,11 @@ impl Running {
                 }
             });
         }
-        Running { name: name.to_string(), child, output }
+        Running {
+            name: name.to_string(),
+            child,
+            output,
+        }
     }
 
     /// Output lines so far (stdout and stderr interleaved as read).
@@ -48,10 +60,18 @@ impl Running {
                 return l;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited with {status} before the expected line; output:\n{}", self.name, self.output().join("\n"));
+                panic!(
+                    "{} exited with {status} before the expected line; output:\n{}",
+                    self.name,
+                    self.output().join("\n")
+                );
             }
             if std::time::Instant::now() > deadline {
-                panic!("{}: expected line not seen in {timeout:?}; output:\n{}", self.name, self.output().join("\n"));
+                panic!(
+                    "{}: expected line not seen in {timeout:?}; output:\n{}",
+                    self.name,
+                    self.output().join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -88,7 +108,11 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("---- output of {} ----\n{}", self.name, self.output().join("\n"));
+            eprintln!(
+                "---- output of {} ----\n{}",
+                self.name,
+                self.output().join("\n")
+            );
         }
     }
 }

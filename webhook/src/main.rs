@@ -1,1 +1,86 @@
-fn main(){}
+//! `vgpu-webhook`: parses flags, sets up logging and TLS, and serves until SIGTERM or Ctrl-C.
+
+use anyhow::Context;
+use clap::Parser;
+use std::sync::Arc;
+use std::time::Duration;
+use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
+use vgpu_webhook::server::{app, AppState};
+use vgpu_webhook::tls;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    // One crypto provider for the whole process (kube's client uses ring too).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let settings = cli.settings()?;
+    let tls_config = match &settings.cert {
+        CertSource::Files { cert, key } => tls::load_server_config(cert, key)?,
+        CertSource::SelfSigned => tls::dev_server_config()?,
+    };
+    let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
+    let router = app(Arc::new(AppState {
+        mutate: settings.mutate.clone(),
+    }));
+
+    let handle = axum_server::Handle::new();
+    let shutdown = handle.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        shutdown.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    let listening = handle.clone();
+    let dev = settings.dev;
+    tokio::spawn(async move {
+        if let Some(addr) = listening.listening().await {
+            tracing::info!(%addr, "listening");
+            if dev {
+                println!(
+                    "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
+                );
+            }
+        }
+    });
+    axum_server::bind_rustls(settings.listen, rustls_config)
+        .handle(handle)
+        .serve(router.into_make_service())
+        .await
+        .with_context(|| format!("serving on {}", settings.listen))?;
+    Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

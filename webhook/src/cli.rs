@@ -1,0 +1,195 @@
+//! Command-line flags (each also readable from the environment), parsed low, then raised into the
+//! settings the server runs with.
+
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::config::{ConfigError, ConfigFile};
+use crate::mutate::MutateSettings;
+
+/// Default listen address in a cluster.
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:8443";
+/// Listen address with `--dev`.
+pub const DEV_LISTEN: &str = "127.0.0.1:8443";
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// vgpu-webhook: the admission webhook that rewrites vGPU pods.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "vgpu-webhook", version, about)]
+pub struct Cli {
+    /// Address to serve HTTPS on [default: 0.0.0.0:8443, or 127.0.0.1:8443 with --dev].
+    #[arg(long, env = "VGPU_WEBHOOK_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// PEM certificate chain to serve.
+    #[arg(
+        long,
+        env = "VGPU_WEBHOOK_TLS_CERT",
+        required_unless_present = "dev",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the certificate.
+    #[arg(
+        long,
+        env = "VGPU_WEBHOOK_TLS_KEY",
+        required_unless_present = "dev",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Scheduler name to give vGPU pods (the kube-scheduler profile running the vgpu extender).
+    #[arg(
+        long,
+        env = "VGPU_WEBHOOK_SCHEDULER_NAME",
+        default_value = "vgpu-scheduler"
+    )]
+    pub scheduler_name: String,
+    /// RuntimeClass of the vGPU runtime, set on vGPU pods that name none.
+    #[arg(long, env = "VGPU_WEBHOOK_RUNTIME_CLASS")]
+    pub runtime_class: Option<String>,
+    /// YAML file with resource names and defaults.
+    #[arg(long, env = "VGPU_WEBHOOK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Local trial mode: a throwaway self-signed certificate on 127.0.0.1:8443, no cluster needed.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub dev: bool,
+    /// Log format.
+    #[arg(
+        long,
+        env = "VGPU_WEBHOOK_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Where the certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertSource {
+    /// PEM files.
+    Files {
+        /// Certificate chain.
+        cert: PathBuf,
+        /// Key.
+        key: PathBuf,
+    },
+    /// Generated at start (`--dev`).
+    SelfSigned,
+}
+
+/// Settings raised from the flags and the config file.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Certificate.
+    pub cert: CertSource,
+    /// Mutation settings.
+    pub mutate: MutateSettings,
+    /// Whether `--dev` was given.
+    pub dev: bool,
+}
+
+impl Cli {
+    /// Raises flags into settings, reading the config file.
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let file = match &self.config {
+            Some(p) => ConfigFile::load(p)?,
+            None => ConfigFile::default(),
+        };
+        let default_listen = if self.dev { DEV_LISTEN } else { DEFAULT_LISTEN };
+        let listen = self.listen.unwrap_or_else(|| {
+            default_listen
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8443)))
+        });
+        let cert = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => CertSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => CertSource::SelfSigned,
+        };
+        Ok(Settings {
+            listen,
+            cert,
+            mutate: MutateSettings {
+                policy: file.request_policy(),
+                scheduler_name: self.scheduler_name.clone(),
+                runtime_class: self.runtime_class.clone().filter(|s| !s.is_empty()),
+            },
+            dev: self.dev,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_needs_no_certificate_and_listens_locally() {
+        let cli = Cli::try_parse_from(["vgpu-webhook", "--dev"]).unwrap();
+        let s = cli.settings().unwrap();
+        assert_eq!(s.listen.to_string(), DEV_LISTEN);
+        assert_eq!(s.cert, CertSource::SelfSigned);
+        assert_eq!(s.mutate.scheduler_name, "vgpu-scheduler");
+    }
+
+    #[test]
+    fn production_needs_both_files() {
+        assert!(Cli::try_parse_from(["vgpu-webhook"]).is_err());
+        assert!(Cli::try_parse_from(["vgpu-webhook", "--tls-cert", "c"]).is_err());
+        assert!(Cli::try_parse_from([
+            "vgpu-webhook",
+            "--dev",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k"
+        ])
+        .is_err());
+        let cli = Cli::try_parse_from([
+            "vgpu-webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--runtime-class",
+            "nvidia",
+            "--scheduler-name",
+            "s",
+        ])
+        .unwrap();
+        let s = cli.settings().unwrap();
+        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(
+            s.cert,
+            CertSource::Files {
+                cert: "c".into(),
+                key: "k".into()
+            }
+        );
+        assert_eq!(s.mutate.runtime_class.as_deref(), Some("nvidia"));
+        assert_eq!(s.mutate.scheduler_name, "s");
+    }
+
+    #[test]
+    fn config_file_errors_surface() {
+        let cli = Cli::try_parse_from(["vgpu-webhook", "--dev", "--config", "/nonexistent.yaml"])
+            .unwrap();
+        assert!(cli
+            .settings()
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent.yaml"));
+    }
+}

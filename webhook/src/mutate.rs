@@ -1,0 +1,462 @@
+//! The mutating admission decision for one pod: a pure function from the pod JSON to a JSON patch.
+//!
+//! The patch is computed as the difference between the pod and the state vGPU wants it in, so
+//! applying it twice is harmless and mutating an already-mutated pod yields an empty patch — whether
+//! the second call is a reinvocation (`reinvocationPolicy: IfNeeded`) or another webhook replica.
+//! What it changes, for a pod with at least one vGPU container:
+//!
+//! - `spec.schedulerName` to ours, when empty or `default-scheduler` (another scheduler is kept, with
+//!   a warning: the pod will not be placed on a GPU slice by vgpu);
+//! - `spec.runtimeClassName`, when configured and unset;
+//! - per vGPU container, the defaulted vGPU resources in `limits` and `requests`, and the environment
+//!   the preload library reads (core's env contract), replacing any user value of a reserved variable;
+//! - the `vgpu.io/managed` label and the `vgpu.io/injected` marker annotation.
+//!
+//! It never adds volumes: the device plugin mounts the preload library at Allocate, so pods keep
+//! passing Pod Security "baseline".
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use serde_json::{json, Map, Value};
+use thiserror::Error;
+use vgpu_core::annotations::{InjectedMarker, INJECTED, MANAGED_LABEL, MANAGED_VALUE};
+use vgpu_core::env;
+use vgpu_core::quantity::parse_integer;
+use vgpu_core::request::{Memory, RequestError, RequestPolicy, VgpuRequest};
+
+use crate::pod::{self, PodContainer, ShapeError};
+
+/// Scheduler name that means "not chosen by the user".
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Everything the mutation depends on besides the pod.
+#[derive(Debug, Clone)]
+pub struct MutateSettings {
+    /// Resource names and defaults.
+    pub policy: RequestPolicy,
+    /// Our scheduler profile's name.
+    pub scheduler_name: String,
+    /// RuntimeClass of the vGPU runtime, if any.
+    pub runtime_class: Option<String>,
+}
+
+impl Default for MutateSettings {
+    fn default() -> Self {
+        Self {
+            policy: RequestPolicy::default(),
+            scheduler_name: "vgpu-scheduler".into(),
+            runtime_class: None,
+        }
+    }
+}
+
+/// Why a pod cannot be mutated: it gets `allowed: false`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MutateError {
+    /// The vGPU request of a container is invalid (422).
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The object is not a pod (400).
+    #[error("object is not a valid Pod: {0}")]
+    Shape(#[from] ShapeError),
+}
+
+/// The result for a pod that may be admitted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mutation {
+    /// Operations to apply; empty when nothing changes.
+    pub patch: Patch,
+    /// Warnings for the client.
+    pub warnings: Vec<String>,
+    /// Whether the pod requests vGPU at all.
+    pub vgpu: bool,
+}
+
+/// Computes the patch for a pod.
+pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, MutateError> {
+    let containers = pod::containers(pod)?;
+    let mut wanted = Vec::new();
+    for c in &containers {
+        if let Some(req) = settings.policy.parse_container(&c.resources)? {
+            wanted.push((c, req));
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(Mutation::default());
+    }
+
+    let mut ops = Ops::default();
+    let mut warnings = Vec::new();
+    metadata(pod, &wanted, &mut ops);
+    scheduling(pod, settings, &mut ops, &mut warnings);
+    for (c, req) in &wanted {
+        resources(c, req, &settings.policy, &mut ops);
+        environment(c, req, &mut ops);
+    }
+    Ok(Mutation {
+        patch: ops.into_patch(),
+        warnings,
+        vgpu: true,
+    })
+}
+
+/// Patch operations in three groups, so indices stay valid: in-place replacements first, then
+/// removals from the highest index down, then additions (which never shift earlier elements).
+#[derive(Default)]
+struct Ops {
+    replace: Vec<PatchOperation>,
+    remove: Vec<(PointerBuf, usize)>,
+    add: Vec<PatchOperation>,
+}
+
+impl Ops {
+    fn add(&mut self, path: PointerBuf, value: Value) {
+        self.add
+            .push(PatchOperation::Add(AddOperation { path, value }));
+    }
+
+    fn replace(&mut self, path: PointerBuf, value: Value) {
+        self.replace
+            .push(PatchOperation::Replace(ReplaceOperation { path, value }));
+    }
+
+    fn into_patch(mut self) -> Patch {
+        let mut ops = self.replace;
+        // Remove later elements first, so earlier indices still point where they did.
+        self.remove.sort_by(|a, b| b.1.cmp(&a.1));
+        ops.extend(
+            self.remove
+                .into_iter()
+                .map(|(path, _)| PatchOperation::Remove(RemoveOperation { path })),
+        );
+        ops.extend(self.add);
+        Patch(ops)
+    }
+}
+
+fn ptr<'a>(tokens: impl IntoIterator<Item = &'a str>) -> PointerBuf {
+    PointerBuf::from_tokens(tokens)
+}
+
+fn metadata(pod: &Value, wanted: &[(&PodContainer<'_>, VgpuRequest)], ops: &mut Ops) {
+    let marker =
+        InjectedMarker::new(wanted.iter().map(|(c, r)| (c.resources.name.clone(), *r))).encode();
+    let meta = pod.get("metadata").filter(|m| m.is_object());
+    if meta.is_none() {
+        ops.add(
+            ptr(["metadata"]),
+            json!({"labels": {MANAGED_LABEL: MANAGED_VALUE}, "annotations": {INJECTED: marker}}),
+        );
+        return;
+    }
+    for (field, key, value) in [
+        ("labels", MANAGED_LABEL, MANAGED_VALUE),
+        ("annotations", INJECTED, marker.as_str()),
+    ] {
+        match meta.and_then(|m| m.get(field)).and_then(Value::as_object) {
+            None => ops.add(ptr(["metadata", field]), json!({ key: value })),
+            Some(map) if map.get(key).and_then(Value::as_str) == Some(value) => {}
+            Some(_) => ops.add(
+                ptr(["metadata", field, key]),
+                Value::String(value.to_string()),
+            ),
+        }
+    }
+}
+
+fn scheduling(pod: &Value, settings: &MutateSettings, ops: &mut Ops, warnings: &mut Vec<String>) {
+    match pod::str_at(pod, &["spec", "schedulerName"]) {
+        None | Some("") | Some(DEFAULT_SCHEDULER) => {
+            ops.add(
+                ptr(["spec", "schedulerName"]),
+                Value::String(settings.scheduler_name.clone()),
+            );
+        }
+        Some(s) if s == settings.scheduler_name => {}
+        Some(other) => warnings.push(format!(
+            "pod names scheduler {other:?}, so vgpu-scheduler will not place its vGPU slice; \
+             its GPU limits are enforced only if that scheduler writes vgpu's assignment"
+        )),
+    }
+    if let Some(rc) = &settings.runtime_class {
+        match pod::str_at(pod, &["spec", "runtimeClassName"]) {
+            None | Some("") => {
+                ops.add(ptr(["spec", "runtimeClassName"]), Value::String(rc.clone()))
+            }
+            Some(s) if s == rc => {}
+            Some(other) => warnings.push(format!(
+                "pod sets runtimeClassName {other:?}; the vGPU runtime class {rc:?} was not applied"
+            )),
+        }
+    }
+}
+
+/// The vGPU resources a request stands for, as resource name -> value.
+fn desired_resources(req: &VgpuRequest, policy: &RequestPolicy) -> Vec<(String, u64)> {
+    let n = &policy.names;
+    let mut out = vec![(n.gpu.clone(), u64::from(req.gpus))];
+    match req.memory {
+        Memory::Mib(m) => out.push((n.gpumem.clone(), m)),
+        Memory::Percent(p) => out.push((n.gpumem_percentage.clone(), u64::from(p))),
+    }
+    out.push((n.gpucores.clone(), u64::from(req.cores)));
+    out
+}
+
+fn resources(c: &PodContainer<'_>, req: &VgpuRequest, policy: &RequestPolicy, ops: &mut Ops) {
+    let [spec, field, index] = c.pointer();
+    let base = [spec.as_str(), field.as_str(), index.as_str()];
+    let desired = desired_resources(req, policy);
+    let res = c.json.get("resources").and_then(Value::as_object);
+    let Some(res) = res else {
+        let map: Map<String, Value> = desired
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .collect();
+        let mut path = ptr(base);
+        path.push_back("resources");
+        ops.add(path, json!({"limits": map.clone(), "requests": map}));
+        return;
+    };
+    for section in ["limits", "requests"] {
+        let current = res.get(section).and_then(Value::as_object);
+        let mut missing = Map::new();
+        for (name, value) in &desired {
+            let present = current.and_then(|m| m.get(name)).map(|v| match v {
+                Value::String(s) => parse_integer(s).ok(),
+                Value::Number(n) => n.as_u64(),
+                _ => None,
+            });
+            if present != Some(Some(*value)) {
+                missing.insert(name.clone(), Value::String(value.to_string()));
+            }
+        }
+        if missing.is_empty() {
+            continue;
+        }
+        let mut path = ptr(base);
+        path.push_back("resources");
+        path.push_back(section);
+        match current {
+            None => ops.add(path, Value::Object(missing)),
+            Some(_) => {
+                for (name, value) in missing {
+                    let mut p = path.clone();
+                    p.push_back(name.as_str());
+                    ops.add(p, value);
+                }
+            }
+        }
+    }
+}
+
+/// The variables the preload library must see, with their values.
+fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(2);
+    if let Memory::Mib(m) = req.memory {
+        out.push((env::MEMORY_LIMIT, env::format_memory_mib(m)));
+    }
+    out.push((env::SM_LIMIT, req.cores.to_string()));
+    out
+}
+
+fn environment(c: &PodContainer<'_>, req: &VgpuRequest, ops: &mut Ops) {
+    let [spec, field, index] = c.pointer();
+    let mut base = ptr([spec.as_str(), field.as_str(), index.as_str()]);
+    base.push_back("env");
+    let desired = desired_env(req);
+    let entry = |name: &str, value: &str| json!({"name": name, "value": value});
+
+    let Some(current) = c.json.get("env").and_then(Value::as_array) else {
+        ops.add(
+            base,
+            Value::Array(desired.iter().map(|(n, v)| entry(n, v)).collect()),
+        );
+        return;
+    };
+    let mut satisfied = vec![false; desired.len()];
+    for (i, e) in current.iter().enumerate() {
+        let Some(name) = e.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if !env::is_reserved(name) {
+            continue;
+        }
+        let mut at = base.clone();
+        at.push_back(i);
+        match desired.iter().position(|(n, _)| *n == name) {
+            // The first occurrence of a wanted variable is corrected in place.
+            Some(d) if !satisfied[d] => {
+                satisfied[d] = true;
+                let ok = e.get("value").and_then(Value::as_str) == Some(desired[d].1.as_str())
+                    && e.get("valueFrom").is_none();
+                if !ok {
+                    ops.replace(at, entry(desired[d].0, &desired[d].1));
+                }
+            }
+            // Anything else the runtime reads, and duplicates, must go.
+            _ => ops.remove.push((at, i)),
+        }
+    }
+    for ((name, value), done) in desired.iter().zip(satisfied) {
+        if !done {
+            let mut at = base.clone();
+            at.push_back("-");
+            ops.add(at, entry(name, value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> MutateSettings {
+        MutateSettings {
+            runtime_class: Some("vgpu".into()),
+            ..MutateSettings::default()
+        }
+    }
+
+    fn apply(pod: &Value, m: &Mutation) -> Value {
+        let mut out = pod.clone();
+        json_patch::patch(&mut out, &m.patch).unwrap();
+        out
+    }
+
+    #[test]
+    fn bare_pod_gets_everything_and_is_idempotent() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "4096"}}}]}});
+        let m = mutate_pod(&pod, &settings()).unwrap();
+        let out = apply(&pod, &m);
+        assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
+        assert_eq!(out["spec"]["runtimeClassName"], "vgpu");
+        assert_eq!(out["metadata"]["labels"]["vgpu.io/managed"], "true");
+        let c = &out["spec"]["containers"][0];
+        assert_eq!(
+            c["resources"]["limits"],
+            json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"})
+        );
+        assert_eq!(
+            c["resources"]["requests"],
+            json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"})
+        );
+        assert_eq!(
+            c["env"],
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
+        let again = mutate_pod(&out, &settings()).unwrap();
+        assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    }
+
+    #[test]
+    fn user_env_is_replaced_and_removed_in_a_valid_order() {
+        let pod = json!({"spec": {"containers": [{"name": "c",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "1024"}},
+        "env": [
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "99g"},
+            {"name": "A", "value": "1"},
+            {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+            {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/x"},
+            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        ]}]}});
+        let m = mutate_pod(&pod, &settings()).unwrap();
+        let out = apply(&pod, &m);
+        assert_eq!(
+            out["spec"]["containers"][0]["env"],
+            json!([
+                {"name": "A", "value": "1"},
+                {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"},
+                {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
+            ])
+        );
+        assert!(mutate_pod(&out, &settings()).unwrap().patch.0.is_empty());
+    }
+
+    #[test]
+    fn percentage_omits_memory_limit_and_existing_quantities_count() {
+        let pod = json!({"spec": {"schedulerName": "default-scheduler", "containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpumem-percentage": "50", "nvidia.com/gpu": "1k"},
+                          "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
+        // 1k GPUs is out of range: a clear error, not a patch.
+        let e = mutate_pod(&pod, &settings()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "container \"c\": nvidia.com/gpu: 1000 is out of range 0-128"
+        );
+        let pod = json!({"spec": {"schedulerName": "default-scheduler", "containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpumem-percentage": "50", "nvidia.com/gpu": "2"},
+                          "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
+        let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
+        let c = &out["spec"]["containers"][0];
+        assert_eq!(
+            c["env"],
+            json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
+        assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
+        assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "2");
+        assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
+    }
+
+    #[test]
+    fn foreign_scheduler_and_runtime_class_are_kept_with_warnings() {
+        let pod = json!({"spec": {"schedulerName": "volcano", "runtimeClassName": "kata", "containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        let m = mutate_pod(&pod, &settings()).unwrap();
+        let out = apply(&pod, &m);
+        assert_eq!(out["spec"]["schedulerName"], "volcano");
+        assert_eq!(out["spec"]["runtimeClassName"], "kata");
+        assert_eq!(m.warnings.len(), 2);
+        assert!(m.warnings[0].contains("\"volcano\""), "{:?}", m.warnings);
+    }
+
+    #[test]
+    fn non_gpu_pod_is_untouched() {
+        let pod =
+            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}});
+        assert_eq!(mutate_pod(&pod, &settings()).unwrap(), Mutation::default());
+    }
+
+    #[test]
+    fn escapes_resource_names_in_pointers() {
+        let pod = json!({"metadata": {"labels": {"app": "x"}, "annotations": {}}, "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "1"}}, "env": []}]}});
+        let m = mutate_pod(&pod, &settings()).unwrap();
+        let paths: Vec<String> = m
+            .patch
+            .0
+            .iter()
+            .map(|op| match op {
+                PatchOperation::Add(a) => a.path.to_string(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert!(
+            paths.contains(&"/metadata/labels/vgpu.io~1managed".to_string()),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(
+                &"/spec/containers/0/resources/limits/nvidia.com~1gpumem-percentage".to_string()
+            ),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(&"/spec/containers/0/resources/requests/nvidia.com~1gpu".to_string()),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(&"/spec/containers/0/env/-".to_string()),
+            "{paths:?}"
+        );
+        let out = apply(&pod, &m);
+        assert_eq!(
+            out["metadata"]["labels"],
+            json!({"app": "x", "vgpu.io/managed": "true"})
+        );
+    }
+}

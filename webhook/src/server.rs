@@ -1,0 +1,185 @@
+//! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`.
+//!
+//! Every well-formed review gets a review back, whatever the decision; only bodies that are not
+//! reviews get 400, and bodies over [`MAX_BODY_BYTES`] get 413 before they are read whole.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::admission::{AdmissionRequest, AdmissionResponse};
+use crate::mutate::{mutate_pod, MutateError, MutateSettings};
+
+/// Largest review body accepted: the API server's own request limit is 3 MiB.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// Mutation settings.
+    pub mutate: MutateSettings,
+}
+
+/// The router, without a listener: tests drive it with `oneshot`.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// A 400 for a body that is not a review, as a metav1.Status.
+fn bad_request(message: String) -> Response {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": message, "reason": "BadRequest", "code": 400});
+    (StatusCode::BAD_REQUEST, Json(status)).into_response()
+}
+
+async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let request = match AdmissionRequest::from_review_bytes(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(endpoint = "mutate", decision = "bad-request", error = %e, "admission");
+            return bad_request(e.to_string());
+        }
+    };
+    let (response, decision) = decide_mutation(&request, &state.mutate);
+    tracing::info!(
+        endpoint = "mutate",
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        pod = request.object_name(),
+        decision,
+        duration_us = started.elapsed().as_micros() as u64,
+        "admission"
+    );
+    Json(response.into_review()).into_response()
+}
+
+/// The mutating decision for a parsed request, with a one-word label for logs and metrics.
+pub fn decide_mutation(
+    request: &AdmissionRequest,
+    settings: &MutateSettings,
+) -> (AdmissionResponse, &'static str) {
+    let allow = AdmissionResponse::allow(&request.uid);
+    let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
+    if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
+        return (allow, "skipped");
+    }
+    let Some(pod) = &request.object else {
+        return (
+            allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
+            "invalid",
+        );
+    };
+    match mutate_pod(pod, settings) {
+        Ok(m) if !m.vgpu => (allow, "no-vgpu"),
+        Ok(m) if m.patch.0.is_empty() => (allow.with_warnings(m.warnings), "unchanged"),
+        Ok(m) => (
+            allow.with_patch(&m.patch).with_warnings(m.warnings),
+            "patched",
+        ),
+        Err(e @ MutateError::Request(_)) => {
+            (allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid")
+        }
+        Err(e @ MutateError::Shape(_)) => (
+            allow.deny(400, "BadRequest", format!("vgpu: {e}")),
+            "invalid",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    fn router() -> Router {
+        app(Arc::new(AppState {
+            mutate: MutateSettings::default(),
+        }))
+    }
+
+    async fn post(body: impl Into<Body>) -> (StatusCode, serde_json::Value) {
+        let req = Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap();
+        let resp = router().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    fn review(object: serde_json::Value) -> String {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
+            "namespace": "ns", "object": object}}).to_string()
+    }
+
+    #[tokio::test]
+    async fn patches_a_gpu_pod() {
+        let (status, body) = post(review(json!({"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})))
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["response"]["uid"], "u");
+        assert_eq!(body["response"]["allowed"], true);
+        assert_eq!(body["response"]["patchType"], "JSONPatch");
+    }
+
+    #[tokio::test]
+    async fn invalid_request_is_a_422_review() {
+        let (status, body) = post(review(json!({"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpucores": "150"}}}]}})))
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["response"]["allowed"], false);
+        assert_eq!(body["response"]["status"]["code"], 422);
+        assert_eq!(
+            body["response"]["status"]["message"],
+            "vgpu: container \"c\": nvidia.com/gpucores: 150 is out of range 0-100"
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_bodies_are_400_and_413() {
+        let (status, body) = post("{not json").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body["reason"], "BadRequest");
+        let (status, _) = post(vec![b' '; MAX_BODY_BYTES + 1]).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let (status, body) = post(review(json!({"spec": {"containers": 7}}))).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body["response"]["status"]["message"],
+            "vgpu: object is not a valid Pod: spec.containers: expected an array"
+        );
+    }
+
+    #[tokio::test]
+    async fn health_endpoints() {
+        for path in ["/healthz", "/readyz"] {
+            let resp = router()
+                .oneshot(Request::get(path).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+    }
+}

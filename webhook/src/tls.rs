@@ -1,0 +1,154 @@
+//! TLS for the admission endpoint: rustls with TLS 1.3 and 1.2 only, ALPN h2 and http/1.1.
+
+use rcgen::{CertificateParams, KeyPair, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// A certificate or key that cannot be used.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file holds no PEM certificate or key.
+    #[error("{path}: no PEM {what} found")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+        /// `certificate` or `private key`.
+        what: &'static str,
+    },
+    /// rustls refused the pair (key does not match, unsupported algorithm).
+    #[error("certificate {cert} and key {key} cannot be used: {source}")]
+    Config {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// The rustls error.
+        #[source]
+        source: rustls::Error,
+    },
+    /// Generating the development certificate failed.
+    #[error("cannot generate a development certificate: {0}")]
+    Generate(#[source] rcgen::Error),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Builds the server config from PEM files.
+pub fn load_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let cert_pem = read(cert)?;
+    let key_pem = read(key)?;
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .filter_map(Result::ok)
+        .collect();
+    if chain.is_empty() {
+        return Err(TlsError::Empty {
+            path: cert.into(),
+            what: "certificate",
+        });
+    }
+    let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .ok()
+        .flatten()
+        .ok_or_else(|| TlsError::Empty {
+            path: key.into(),
+            what: "private key",
+        })?;
+    server_config(chain, key_der).map_err(|source| TlsError::Config {
+        cert: cert.into(),
+        key: key.into(),
+        source,
+    })
+}
+
+/// A server config for a chain and key: TLS 1.3 and 1.2 only, no client auth.
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A throwaway self-signed certificate for `localhost` and `127.0.0.1` (`--dev`).
+pub fn dev_server_config() -> Result<Arc<ServerConfig>, TlsError> {
+    let key = KeyPair::generate().map_err(TlsError::Generate)?;
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string()]).map_err(TlsError::Generate)?;
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+    let cert = params.self_signed(&key).map_err(TlsError::Generate)?;
+    let key_der = PrivateKeyDer::try_from(key.serialize_der())
+        .map_err(|e| TlsError::Generate(rcgen::Error::PemError(e.to_string())))?;
+    server_config(vec![cert.der().clone()], key_der).map_err(|source| TlsError::Config {
+        cert: PathBuf::from("<dev>"),
+        key: PathBuf::from("<dev>"),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_pairs_and_names_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (c, k) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        let cfg = load_server_config(&c, &k).unwrap();
+        assert_eq!(
+            cfg.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+
+        let e = load_server_config(&c, &dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("cannot read ") && e.contains("missing"),
+            "{e}"
+        );
+        std::fs::write(&k, "not pem").unwrap();
+        assert!(load_server_config(&c, &k)
+            .unwrap_err()
+            .to_string()
+            .ends_with("no PEM private key found"));
+        let other = KeyPair::generate().unwrap();
+        std::fs::write(&k, other.serialize_pem()).unwrap();
+        assert!(matches!(
+            load_server_config(&c, &k),
+            Err(TlsError::Config { .. })
+        ));
+        assert!(dev_server_config().is_ok());
+    }
+}
