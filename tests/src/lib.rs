@@ -7,6 +7,7 @@
 //! `dlopen`, a server on a socket).
 
 pub mod certs;
+pub mod https;
 pub mod process;
 
 use std::path::{Path, PathBuf};

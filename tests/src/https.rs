@@ -1,0 +1,68 @@
+//! A small HTTPS client for tests: one TLS connection per call, verifying the server against a test
+//! CA, HTTP/1.1.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Response status and body.
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// The body as JSON (panics with the body shown if it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+/// POSTs `body` to `https://localhost:<port><path>` trusting only `tls`'s roots.
+pub async fn request(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> std::io::Result<Reply> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let stream = connector.connect(name, tcp).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(std::io::Error::other)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes()
+        .to_vec();
+    Ok(Reply { status, body })
+}
