@@ -11,7 +11,7 @@ use vgpu_webhook::tls;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let _log_guard = init_logging(cli.log_format);
     // One crypto provider for the whole process (kube's client uses ring too).
     let _ = rustls::crypto::ring::default_provider().install_default();
 
@@ -52,16 +52,24 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs go to stderr through a writer thread, so a request never waits on the terminal or pipe
+/// (one line per admission cost a third of the throughput when written inline). Not lossy: when
+/// the buffer is full the caller waits rather than dropping an audit line. Keep the guard alive
+/// until exit; dropping it flushes what is buffered.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
     }
+    guard
 }
 
 async fn shutdown_signal() {

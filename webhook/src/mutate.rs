@@ -124,7 +124,7 @@ impl Ops {
     fn into_patch(mut self) -> Patch {
         let mut ops = self.replace;
         // Remove later elements first, so earlier indices still point where they did.
-        self.remove.sort_by(|a, b| b.1.cmp(&a.1));
+        self.remove.sort_by_key(|r| std::cmp::Reverse(r.1));
         ops.extend(
             self.remove
                 .into_iter()

@@ -1,1 +1,301 @@
-fn main() {}
+//! Load-test harness for `/mutate`: requests/s and latency percentiles over TLS with keep-alive, at
+//! N concurrent connections, against the real `vgpu-webhook` binary and, as the baseline in the same
+//! run, a bare rustls + hyper server that answers every request with a fixed body.
+//!
+//! ```text
+//! cargo build --release --workspace --bins
+//! target/release/vgpu-loadtest --connections 64 --seconds 10
+//! ```
+//!
+//! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
+//! is this process. On a small machine client and servers share the cores, so the ratio between the
+//! two servers is the meaningful number, not the absolute rate.
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vgpu_tests::certs::TestPki;
+
+#[derive(Parser, Debug)]
+#[command(about = "Load test of vgpu-webhook /mutate against a bare TLS hello server")]
+struct Args {
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Measured seconds per server.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Warm-up seconds per server (not measured).
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Client worker threads.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
+    /// The vgpu-webhook binary [default: next to this one].
+    #[arg(long)]
+    webhook: Option<PathBuf>,
+    /// Review body to send [default: examples/admission-review.json].
+    #[arg(long)]
+    body: Option<PathBuf>,
+    /// Log filter for the servers (RUST_LOG); `info` logs one line per admission, as in production.
+    #[arg(long, default_value = "info")]
+    server_log: String,
+    /// Internal: run the baseline hello server with these PEM files.
+    #[arg(long, hide = true, num_args = 2, value_names = ["CERT", "KEY"])]
+    serve_hello: Option<Vec<PathBuf>>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(files) = &args.serve_hello {
+        return serve_hello(&files[0], &files[1]);
+    }
+    let dir = tempfile::tempdir()?;
+    let pki = TestPki::new(&[]);
+    let (_, cert, key) = pki.write(dir.path());
+    let body = match &args.body {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        None => std::fs::read(vgpu_tests::repo_root().join("examples/admission-review.json"))?,
+    };
+    let me = std::env::current_exe()?;
+    let webhook = args
+        .webhook
+        .clone()
+        .unwrap_or_else(|| me.with_file_name("vgpu-webhook"));
+
+    let mut hello_cmd = Command::new(&me);
+    hello_cmd.arg("--serve-hello").arg(&cert).arg(&key);
+    let mut webhook_cmd = Command::new(&webhook);
+    webhook_cmd
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key);
+
+    let client_tls = Arc::new(http1_only(pki.client_config()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads)
+        .enable_all()
+        .build()?;
+    let mut results = Vec::new();
+    for (name, cmd, path) in [
+        ("bare rustls hello", hello_cmd, "/hello"),
+        ("vgpu-webhook /mutate", webhook_cmd, "/mutate"),
+    ] {
+        let server = Server::start(cmd, &args.server_log)?;
+        let r = rt.block_on(load(server.addr, client_tls.clone(), path, &body, &args))?;
+        println!(
+            "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
+            r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
+        );
+        results.push(r);
+        drop(server);
+    }
+    let ratio = results[1].rps / results[0].rps;
+    println!(
+        "ratio webhook/baseline: {ratio:.3} (connections {}, {} s measured each)",
+        args.connections, args.seconds
+    );
+    if results.iter().any(|r| r.errors > 0) {
+        bail!("requests failed during the run");
+    }
+    Ok(())
+}
+
+fn http1_only(mut cfg: rustls::ClientConfig) -> rustls::ClientConfig {
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(mut cmd: Command, log: &str) -> anyhow::Result<Server> {
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", log);
+        let mut child = cmd.spawn().context("starting server")?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Keep draining the log (one line per admission) so the server never blocks on the pipe.
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("addr=").nth(1) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.trim().to_string());
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .context("server did not report its address")?;
+        Ok(Server {
+            child,
+            addr: addr.parse().context("bad address")?,
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Outcome {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: usize,
+    requests: usize,
+}
+
+async fn load(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    path: &'static str,
+    body: &[u8],
+    args: &Args,
+) -> anyhow::Result<Outcome> {
+    let body = Bytes::copy_from_slice(body);
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let end = measure_from + Duration::from_secs_f64(args.seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..args.connections {
+        let (tls, body) = (tls.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            connection(addr, tls, path, body, measure_from, end).await
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (lat, err) = t.await?;
+        latencies.extend(lat);
+        errors += err;
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
+    Ok(Outcome {
+        rps: latencies.len() as f64 / args.seconds,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        errors,
+        requests: latencies.len(),
+    })
+}
+
+/// One keep-alive connection sending requests back to back; latencies in microseconds.
+async fn connection(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    path: &'static str,
+    body: Bytes,
+    measure_from: Instant,
+    end: Instant,
+) -> (Vec<u32>, usize) {
+    let mut lat = Vec::with_capacity(100_000);
+    let mut errors = 0;
+    let connect = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(
+                ServerName::try_from("localhost").map_err(std::io::Error::other)?,
+                tcp,
+            )
+            .await?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+        tokio::spawn(conn);
+        Ok::<_, std::io::Error>(sender)
+    };
+    let Ok(mut sender) = connect.await else {
+        return (lat, 1);
+    };
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        let req = Request::post(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()));
+        let Ok(req) = req else {
+            errors += 1;
+            break;
+        };
+        let ok = match sender.send_request(req).await {
+            Ok(resp) => resp.status().is_success() && resp.into_body().collect().await.is_ok(),
+            Err(_) => false,
+        };
+        if !ok {
+            errors += 1;
+            break;
+        }
+        if t0 >= measure_from {
+            lat.push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        }
+    }
+    (lat, errors)
+}
+
+/// The baseline: TLS like the webhook, HTTP/1.1 keep-alive, read the body, answer a fixed review.
+fn serve_hello(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let cert_pem = std::fs::read(cert)?;
+        let key_pem = std::fs::read(key)?;
+        let chain = rustls_pemfile::certs(&mut cert_pem.as_slice()).collect::<Result<Vec<_>, _>>()?;
+        let key = rustls_pemfile::private_key(&mut key_pem.as_slice())?.context("no key")?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        eprintln!("hello listening addr={}", listener.local_addr()?);
+        loop {
+            let (tcp, _) = listener.accept().await?;
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = tcp.set_nodelay(true);
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
+                        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"x","allowed":true}}"#,
+                    ))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc).await;
+            });
+        }
+    })
+}
