@@ -352,6 +352,23 @@ mod tests {
     }
 
     #[test]
+    fn a_forged_injected_marker_changes_nothing() {
+        // A tenant copies the marker of a mutated pod and raises its own limit: the patch is the diff
+        // against the desired state, so the env is still corrected.
+        let pod = json!({"metadata": {"labels": {"vgpu.io/managed": "true"}, "annotations": {
+            "vgpu.io/injected": r#"{"v":1,"c":{"c":{"CUDA_DEVICE_MEMORY_LIMIT":"999g"}}}"#}},
+            "spec": {"schedulerName": "vgpu-scheduler", "runtimeClassName": "vgpu", "containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "0"},
+                          "requests": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "0"}},
+            "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "999g"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]}});
+        let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
+        assert_eq!(
+            out["spec"]["containers"][0]["env"],
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
+    }
+
+    #[test]
     fn user_env_is_replaced_and_removed_in_a_valid_order() {
         let pod = json!({"spec": {"containers": [{"name": "c",
         "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "1024"}},
