@@ -142,13 +142,16 @@ impl Server {
                 }
             }
         });
+        // From here on the child is owned by `Server`, so any failure below still kills it.
+        let mut server = Server {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .context("server did not report its address")?;
-        Ok(Server {
-            child,
-            addr: addr.parse().context("bad address")?,
-        })
+        server.addr = addr.parse().context("bad address")?;
+        Ok(server)
     }
 }
 
