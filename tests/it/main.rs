@@ -2,4 +2,5 @@
 //! process boundary, using the doubles beside this crate.
 
 mod cert_rotation;
+mod helm;
 mod webhook;
