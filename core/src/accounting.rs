@@ -231,10 +231,9 @@ impl Snapshot {
         w[header::SLOT_COUNT] = SLOT_COUNT as u64;
         w[header::SLOT_WORDS] = SLOT_WORDS as u64;
         w[header::DEVICES] = MAX_DEVICES as u64;
-        for d in 0..MAX_DEVICES {
-            w[header::MEMORY_LIMIT + d] = self.memory_limit[d];
-            w[header::SM_LIMIT + d] = self.sm_limit[d];
-        }
+        w[header::MEMORY_LIMIT..header::MEMORY_LIMIT + MAX_DEVICES]
+            .copy_from_slice(&self.memory_limit);
+        w[header::SM_LIMIT..header::SM_LIMIT + MAX_DEVICES].copy_from_slice(&self.sm_limit);
         for (s, p) in self.processes.iter().take(SLOT_COUNT).enumerate() {
             w[slot_word(s, slot::OWNER)] = u64::from(p.pid);
             w[slot_word(s, slot::LAUNCHES)] = p.launches;
@@ -330,8 +329,8 @@ mod tests {
         let (hw, sw, n) = (HEADER_WORDS + 8, SLOT_WORDS + 4, 3usize);
         let mut w = vec![0u64; hw + n * sw];
         let old = s.to_bytes();
-        for i in 0..HEADER_WORDS {
-            w[i] = word(&old, i);
+        for (i, x) in w.iter_mut().enumerate().take(HEADER_WORDS) {
+            *x = word(&old, i);
         }
         w[header::HEADER_WORDS] = hw as u64;
         w[header::SLOT_COUNT] = n as u64;

@@ -1,4 +1,5 @@
 //! The one integration-test binary (ripgrep's layout): each module tests one part through its real
 //! process boundary, using the doubles beside this crate.
 
+mod hook;
 mod webhook;

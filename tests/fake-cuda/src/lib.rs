@@ -294,7 +294,7 @@ fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
     s.devices[d].used += bytes;
     let ptr = s.next_ptr;
     // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
-    s.next_ptr += (bytes + 511) / 512 * 512 + 512;
+    s.next_ptr += bytes.div_ceil(512) * 512 + 512;
     s.allocations.insert(ptr, (d, bytes));
     Ok(ptr)
 }
