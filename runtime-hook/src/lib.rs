@@ -1,1 +1,16 @@
-//! placeholder
+//! `libvgpu.so`: loaded into every process of a vGPU container (`/etc/ld.so.preload`), it exports the
+//! CUDA driver entry points that allocate, free, report memory or launch work, meters them in the
+//! container's shared accounting file and enforces the container's memory limit as a hard cap: an
+//! allocation over the limit gets `CUDA_ERROR_OUT_OF_MEMORY` without reaching the driver, and
+//! `cuMemGetInfo`/`cuDeviceTotalMem` report the slice, not the GPU.
+//!
+//! Layout: [`config`] reads the environment contract, [`ledger`] is the lock-free accounting over the
+//! shared words; both are safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver
+//! lookup with the real `dlsym`, the file mapping, the exported functions), because a preload
+//! library cannot be written without it; every unsafe block there carries a `SAFETY` comment. Every
+//! exported function runs inside a panic boundary that turns a panic into `CUDA_ERROR_UNKNOWN`.
+#![deny(unsafe_code)]
+
+pub mod config;
+mod ffi;
+pub mod ledger;

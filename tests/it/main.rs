@@ -3,4 +3,5 @@
 
 mod cert_rotation;
 mod helm;
+mod hook;
 mod webhook;

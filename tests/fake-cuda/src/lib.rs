@@ -1,1 +1,1023 @@
-//! Test double of libcuda.so.1: the CUDA driver C ABI with device-memory bookkeeping (to be written).
+//! Test double of `libcuda.so.1`: the subset of the CUDA driver C ABI that the runtime hook
+//! intercepts or needs, with device-memory bookkeeping per device, a fixed total per device and a
+//! launch counter. Tests copy the built `libfake_cuda.so` to a directory as `libcuda.so.1` and point
+//! `LD_LIBRARY_PATH` at it, so programs load it exactly as they load the real driver.
+//!
+//! Configuration (environment, read at `cuInit`):
+//! - `FAKE_CUDA_DEVICE_MEMORY`: comma-separated total memory per physical device (`16g,8g`), units as
+//!   the vgpu environment contract; default one 16 GiB device.
+//! - `CUDA_VISIBLE_DEVICES`: honoured as the driver does (integer indexes, in the given order, up to the
+//!   first invalid entry).
+//! - `FAKE_CUDA_SHARED`: path of a file through which all processes using the fake keep a device-wide
+//!   total, and its peak, the way a real GPU's memory is shared by every process on it. Memory of a
+//!   process that died is released (the driver frees a process's allocations when it exits).
+//!
+//! Each function's comment names the documented CUDA behaviour it copies. Unimplemented parts of an
+//! API (flags, streams) are accepted and ignored.
+//!
+//! Unsafe code: this crate *is* a C ABI, so it dereferences the caller's pointers after null checks
+//! and maps the shared file; every such spot carries a `SAFETY` comment.
+#![allow(unsafe_code)]
+#![allow(clippy::missing_safety_doc)]
+#![allow(missing_docs)]
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+type CUresult = c_int;
+type CUdevice = c_int;
+type CUdeviceptr = u64;
+type CUcontext = *mut c_void;
+
+const CUDA_SUCCESS: CUresult = 0;
+const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+
+/// Version reported by `cuDriverGetVersion` (CUDA 12.4).
+const DRIVER_VERSION: c_int = 12040;
+
+struct Device {
+    total: u64,
+    used: u64,
+}
+
+struct State {
+    devices: Vec<Device>,
+    /// Physical index of each visible ordinal (for the shared file).
+    physical: Vec<usize>,
+    allocations: HashMap<u64, (usize, u64)>,
+    next_ptr: u64,
+    launches: u64,
+}
+
+static STATE: OnceLock<Result<Mutex<State>, CUresult>> = OnceLock::new();
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The calling thread's current context: the visible ordinal it was created for.
+    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn parse_state() -> Result<Mutex<State>, CUresult> {
+    let spec = std::env::var("FAKE_CUDA_DEVICE_MEMORY").unwrap_or_else(|_| "16g".into());
+    let mut physical_totals = Vec::new();
+    for part in spec.split(',') {
+        match vgpu_core::env::parse_memory_bytes(part) {
+            Ok(b) => physical_totals.push(b),
+            Err(e) => {
+                eprintln!("fake-cuda: FAKE_CUDA_DEVICE_MEMORY: {e}");
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+    }
+    // CUDA_VISIBLE_DEVICES: "only the devices whose index is present in the sequence are visible to
+    // CUDA applications and they are enumerated in the order of the sequence"; an invalid index hides
+    // it and every one after it (CUDA C Programming Guide, CUDA Environment Variables).
+    let physical: Vec<usize> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| s.trim().parse::<usize>().ok())
+            .take_while(|i| i.is_some_and(|i| i < physical_totals.len()))
+            .flatten()
+            .collect(),
+        Err(_) => (0..physical_totals.len()).collect(),
+    };
+    let devices = physical
+        .iter()
+        .map(|&p| Device {
+            total: physical_totals[p],
+            used: 0,
+        })
+        .collect();
+    Ok(Mutex::new(State {
+        devices,
+        physical,
+        allocations: HashMap::new(),
+        next_ptr: 0x7f00_0000_0000,
+        launches: 0,
+    }))
+}
+
+fn state() -> Result<MutexGuard<'static, State>, CUresult> {
+    match STATE.get() {
+        Some(Ok(m)) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+        Some(Err(e)) => Err(*e),
+        None => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+macro_rules! try_cu {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(code) => return code,
+        }
+    };
+}
+
+/// `cuInit`: "Initializes the driver API and must be called before any other function from the driver
+/// API"; flags must be 0 (CUDA_ERROR_INVALID_VALUE otherwise).
+#[no_mangle]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    if flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match STATE.get_or_init(parse_state) {
+        Ok(_) => CUDA_SUCCESS,
+        Err(e) => *e,
+    }
+}
+
+/// `cuDriverGetVersion`: works before cuInit.
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    if version.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a writable int.
+    unsafe { *version = DRIVER_VERSION };
+    CUDA_SUCCESS
+}
+
+/// `cuDeviceGetCount`: number of visible devices.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    let s = try_cu!(state());
+    if count.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *count = s.devices.len() as c_int };
+    CUDA_SUCCESS
+}
+
+/// `cuDeviceGet`: the handle of ordinal `ordinal` is the ordinal itself (as in the real driver);
+/// CUDA_ERROR_INVALID_DEVICE outside `0..count`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    let s = try_cu!(state());
+    if device.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if ordinal < 0 || ordinal as usize >= s.devices.len() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *device = ordinal };
+    CUDA_SUCCESS
+}
+
+fn device_index(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
+    if dev < 0 || dev as usize >= s.devices.len() {
+        Err(CUDA_ERROR_INVALID_DEVICE)
+    } else {
+        Ok(dev as usize)
+    }
+}
+
+/// `cuDeviceTotalMem_v2`: "Returns the total amount of memory on the device" in bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let s = try_cu!(state());
+    let d = try_cu!(device_index(&s, dev));
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *bytes = s.devices[d].total as usize };
+    CUDA_SUCCESS
+}
+
+fn make_current(ordinal: usize) -> CUcontext {
+    CURRENT.with(|c| c.set(Some(ordinal)));
+    (ordinal + 1) as CUcontext
+}
+
+/// `cuCtxCreate_v2`: creates a context on `dev` and makes it current to the calling thread.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let s = try_cu!(state());
+    let d = try_cu!(device_index(&s, dev));
+    if pctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *pctx = make_current(d) };
+    CUDA_SUCCESS
+}
+
+/// `cuDevicePrimaryCtxRetain`: returns the device's primary context (not made current).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let s = try_cu!(state());
+    let d = try_cu!(device_index(&s, dev));
+    if pctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *pctx = (d + 1) as CUcontext };
+    CUDA_SUCCESS
+}
+
+/// `cuCtxSetCurrent`: binds `ctx` to the calling thread; NULL unbinds.
+#[no_mangle]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    let s = try_cu!(state());
+    let v = ctx as usize;
+    if v == 0 {
+        CURRENT.with(|c| c.set(None));
+        return CUDA_SUCCESS;
+    }
+    if v > s.devices.len() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    make_current(v - 1);
+    CUDA_SUCCESS
+}
+
+/// `cuCtxDestroy_v2`: unbinds it if current (allocations stay: the fake frees nothing implicitly).
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let _s = try_cu!(state());
+    let v = ctx as usize;
+    if CURRENT.with(|c| c.get()) == v.checked_sub(1) {
+        CURRENT.with(|c| c.set(None));
+    }
+    CUDA_SUCCESS
+}
+
+/// `cuCtxGetDevice`: the current context's device; CUDA_ERROR_INVALID_CONTEXT without one.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    let _s = try_cu!(state());
+    if device.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match CURRENT.with(|c| c.get()) {
+        // SAFETY: checked non-null.
+        Some(d) => unsafe { *device = d as CUdevice },
+        None => return CUDA_ERROR_INVALID_CONTEXT,
+    }
+    CUDA_SUCCESS
+}
+
+fn current() -> Result<usize, CUresult> {
+    CURRENT.with(|c| c.get()).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// Allocation common to every allocator: "If bytesize is 0, cuMemAlloc() returns
+/// CUDA_ERROR_INVALID_VALUE"; CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
+fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut s = state()?;
+    let dev = &s.devices[d];
+    if dev.used.saturating_add(bytes) > dev.total {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let phys = s.physical[d];
+    if !shared::alloc(phys, bytes, s.devices[d].total) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    s.devices[d].used += bytes;
+    let ptr = s.next_ptr;
+    // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
+    s.next_ptr += bytes.div_ceil(512) * 512 + 512;
+    s.allocations.insert(ptr, (d, bytes));
+    Ok(ptr)
+}
+
+fn free_ptr(ptr: u64) -> CUresult {
+    let mut s = try_cu!(state());
+    match s.allocations.remove(&ptr) {
+        Some((d, bytes)) => {
+            s.devices[d].used -= bytes;
+            shared::free(s.physical[d], bytes);
+            CUDA_SUCCESS
+        }
+        // Freeing an unknown pointer: CUDA_ERROR_INVALID_VALUE.
+        None => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+unsafe fn write_ptr(out: *mut CUdeviceptr, r: Result<u64, CUresult>) -> CUresult {
+    match r {
+        Ok(p) => {
+            // SAFETY: the callers check `out` for null first.
+            unsafe { *out = p };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `cuMemAlloc_v2`: allocates `bytesize` bytes of linear memory on the current context's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    // SAFETY: checked non-null.
+    unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
+}
+
+/// `cuMemAllocManaged`: managed memory, counted against the current device as the hook counts it.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    _flags: c_uint,
+) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    // SAFETY: checked non-null.
+    unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
+}
+
+/// Pitch the fake picks: the width rounded up to 512 bytes (real devices align rows to their
+/// texture pitch alignment, at most 512 bytes on current GPUs).
+pub const PITCH_ALIGN: usize = 512;
+
+/// `cuMemAllocPitch_v2`: "Allocates at least WidthInBytes * Height bytes"; the row pitch is returned in
+/// `*pPitch`; ElementSizeBytes must be 4, 8 or 16.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: c_uint,
+) -> CUresult {
+    if dptr.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    let p = width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN;
+    match alloc_on(d, (p as u64).saturating_mul(height as u64)) {
+        Ok(ptr) => {
+            // SAFETY: both checked non-null.
+            unsafe {
+                *dptr = ptr;
+                *pitch = p;
+            }
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `cuMemAllocAsync`: stream-ordered allocation; the fake completes it at once.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    _stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuMemAlloc_v2(dptr, bytesize) }
+}
+
+/// `cuMemAllocAsync_ptsz`: per-thread default stream variant.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuMemAllocAsync(dptr, bytesize, stream) }
+}
+
+/// `cuMemAllocFromPoolAsync`: allocation from a pool on the current device (pools not modelled).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    _pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuMemAlloc_v2(dptr, bytesize) }
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: *mut c_void,
+    stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream) }
+}
+
+/// `cuMemFree_v2`: frees memory from any of the allocators above.
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    free_ptr(dptr)
+}
+
+/// `cuMemFreeAsync`: stream-ordered free, completed at once.
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    free_ptr(dptr)
+}
+
+/// `cuMemFreeAsync_ptsz`.
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    free_ptr(dptr)
+}
+
+/// `CUmemAllocationProp` prefix: type, requested handle types, location {type, id}.
+#[repr(C)]
+struct MemAllocationProp {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+}
+
+/// `cuMemCreate` (virtual memory management): physical memory on `prop->location.id`; the handle is
+/// the fake's allocation key.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const c_void,
+    _flags: u64,
+) -> CUresult {
+    if handle.is_null() || prop.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a CUmemAllocationProp, which starts with these fields.
+    let dev = unsafe { (*(prop as *const MemAllocationProp)).location_id };
+    let d = {
+        let s = try_cu!(state());
+        try_cu!(device_index(&s, dev))
+    };
+    // SAFETY: checked non-null.
+    unsafe { write_ptr(handle, alloc_on(d, size as u64)) }
+}
+
+/// `cuMemRelease`: releases a handle from cuMemCreate.
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    free_ptr(handle)
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// Bytes per element of a `CUarray_format` (0x01/0x08 8-bit, 0x02/0x09/0x10 16-bit, 0x03/0x0a/0x20 32-bit).
+pub fn format_bytes(format: c_uint) -> Option<u64> {
+    match format {
+        0x01 | 0x08 => Some(1),
+        0x02 | 0x09 | 0x10 => Some(2),
+        0x03 | 0x0a | 0x20 => Some(4),
+        _ => None,
+    }
+}
+
+fn array_alloc(
+    out: *mut *mut c_void,
+    w: usize,
+    h: usize,
+    dep: usize,
+    format: c_uint,
+    ch: c_uint,
+) -> CUresult {
+    let Some(fb) = format_bytes(format) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if out.is_null() || !matches!(ch, 1 | 2 | 4) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    let bytes = (w.max(1) as u64) * (h.max(1) as u64) * (dep.max(1) as u64) * fb * u64::from(ch);
+    match alloc_on(d, bytes) {
+        Ok(p) => {
+            // SAFETY: checked non-null.
+            unsafe { *out = p as *mut c_void };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `cuArrayCreate_v2`: a 1D/2D CUDA array of width x height elements of `NumChannels` x format size.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    array: *mut *mut c_void,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    array_alloc(array, d.width, d.height, 1, d.format, d.channels)
+}
+
+/// `cuArray3DCreate_v2`: a 3D CUDA array.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    array: *mut *mut c_void,
+    desc: *const Array3dDescriptor,
+) -> CUresult {
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    array_alloc(array, d.width, d.height, d.depth, d.format, d.channels)
+}
+
+/// `cuArrayDestroy`.
+#[no_mangle]
+pub extern "C" fn cuArrayDestroy(array: *mut c_void) -> CUresult {
+    free_ptr(array as u64)
+}
+
+/// `cuMemGetInfo_v2`: free and total memory of the current context's device. With `FAKE_CUDA_SHARED`
+/// free is what all processes left, as on a real GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    let s = try_cu!(state());
+    let dev = &s.devices[d];
+    let used = shared::used(s.physical[d]).unwrap_or(dev.used);
+    // SAFETY: both checked non-null.
+    unsafe {
+        *free = dev.total.saturating_sub(used) as usize;
+        *total = dev.total as usize;
+    }
+    CUDA_SUCCESS
+}
+
+fn launch() -> CUresult {
+    let mut s = try_cu!(state());
+    if CURRENT.with(|c| c.get()).is_none() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    s.launches += 1;
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    CUDA_SUCCESS
+}
+
+/// `cuLaunchKernel`: counted; grid and block must be non-zero (CUDA_ERROR_INVALID_VALUE).
+#[no_mangle]
+pub extern "C" fn cuLaunchKernel(
+    _f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    _shared: c_uint,
+    _stream: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    launch()
+}
+
+/// `cuLaunchKernel_ptsz`.
+#[no_mangle]
+pub extern "C" fn cuLaunchKernel_ptsz(
+    f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+}
+
+/// `cuLaunchCooperativeKernel`: as cuLaunchKernel without `extra`.
+#[no_mangle]
+pub extern "C" fn cuLaunchCooperativeKernel(
+    f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+) -> CUresult {
+    cuLaunchKernel(
+        f,
+        gx,
+        gy,
+        gz,
+        bx,
+        by,
+        bz,
+        shared,
+        stream,
+        params,
+        std::ptr::null_mut(),
+    )
+}
+
+/// `cuLaunchCooperativeKernel_ptsz`.
+#[no_mangle]
+pub extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+) -> CUresult {
+    cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+}
+
+/// `CUlaunchConfig` prefix: grid, block, shared memory.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub stream: *mut c_void,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+/// `cuLaunchKernelEx`: the launch shape comes from `config`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    _f: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let c = unsafe { &*config };
+    if c.grid.contains(&0) || c.block.contains(&0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    launch()
+}
+
+/// `cuLaunchKernelEx_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuLaunchKernelEx(config, f, params, extra) }
+}
+
+/// `cuGraphLaunch`: one counted launch per graph.
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
+    launch()
+}
+
+/// `cuGraphLaunch_ptsz`.
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> CUresult {
+    cuGraphLaunch(exec, stream)
+}
+
+/// Test hook (not CUDA): launches this process made, for tests to compare with the hook's meter.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetLaunchCount(count: *mut u64) -> CUresult {
+    if count.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *count = LAUNCHES.load(Ordering::Relaxed) };
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA): peak device-wide total of physical device `dev` seen through the shared file.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetSharedPeak(dev: c_int, peak: *mut u64) -> CUresult {
+    if peak.is_null() || dev < 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match shared::peak(dev as usize) {
+        // SAFETY: checked non-null.
+        Some(p) => unsafe { *peak = p },
+        None => return CUDA_ERROR_NOT_FOUND,
+    }
+    CUDA_SUCCESS
+}
+
+/// The symbols `cuGetProcAddress` knows, with the name each base name and version resolves to.
+fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
+    // Names with a _v2 ABI since CUDA 3.2 (the driver returns the _v2 entry for cudaVersion >= 3020).
+    const V2: &[&str] = &[
+        "cuMemAlloc",
+        "cuMemAllocPitch",
+        "cuMemFree",
+        "cuMemGetInfo",
+        "cuDeviceTotalMem",
+        "cuCtxCreate",
+        "cuCtxDestroy",
+        "cuArrayCreate",
+        "cuArray3DCreate",
+    ];
+    // Names with a per-thread-default-stream entry (flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2).
+    const PTSZ: &[&str] = &[
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuGraphLaunch",
+        "cuMemAllocAsync",
+        "cuMemAllocFromPoolAsync",
+        "cuMemFreeAsync",
+    ];
+    let mut full = name.to_string();
+    if V2.contains(&name) {
+        if version < 3020 {
+            return None; // the fake has no v1 ABI
+        }
+        full.push_str("_v2");
+    } else if PTSZ.contains(&name) && flags & 2 != 0 {
+        full.push_str("_ptsz");
+    } else if name == "cuGetProcAddress" && version >= 12000 {
+        full.push_str("_v2");
+    }
+    let p = match full.as_str() {
+        "cuInit" => cuInit as *mut c_void,
+        "cuDriverGetVersion" => cuDriverGetVersion as *mut c_void,
+        "cuDeviceGetCount" => cuDeviceGetCount as *mut c_void,
+        "cuDeviceGet" => cuDeviceGet as *mut c_void,
+        "cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
+        "cuCtxCreate_v2" => cuCtxCreate_v2 as *mut c_void,
+        "cuCtxDestroy_v2" => cuCtxDestroy_v2 as *mut c_void,
+        "cuCtxSetCurrent" => cuCtxSetCurrent as *mut c_void,
+        "cuCtxGetDevice" => cuCtxGetDevice as *mut c_void,
+        "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *mut c_void,
+        "cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
+        "cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
+        "cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *mut c_void,
+        "cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
+        "cuMemAllocAsync_ptsz" => cuMemAllocAsync_ptsz as *mut c_void,
+        "cuMemAllocFromPoolAsync" => cuMemAllocFromPoolAsync as *mut c_void,
+        "cuMemAllocFromPoolAsync_ptsz" => cuMemAllocFromPoolAsync_ptsz as *mut c_void,
+        "cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
+        "cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
+        "cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
+        "cuMemCreate" => cuMemCreate as *mut c_void,
+        "cuMemRelease" => cuMemRelease as *mut c_void,
+        "cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
+        "cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
+        "cuArrayDestroy" => cuArrayDestroy as *mut c_void,
+        "cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
+        "cuLaunchKernel" => cuLaunchKernel as *mut c_void,
+        "cuLaunchKernel_ptsz" => cuLaunchKernel_ptsz as *mut c_void,
+        "cuLaunchKernelEx" => cuLaunchKernelEx as *mut c_void,
+        "cuLaunchKernelEx_ptsz" => cuLaunchKernelEx_ptsz as *mut c_void,
+        "cuLaunchCooperativeKernel" => cuLaunchCooperativeKernel as *mut c_void,
+        "cuLaunchCooperativeKernel_ptsz" => cuLaunchCooperativeKernel_ptsz as *mut c_void,
+        "cuGraphLaunch" => cuGraphLaunch as *mut c_void,
+        "cuGraphLaunch_ptsz" => cuGraphLaunch_ptsz as *mut c_void,
+        "cuGetProcAddress" => cuGetProcAddress as *mut c_void,
+        "cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
+        _ => return None,
+    };
+    Some(p)
+}
+
+/// `cuGetProcAddress` (CUDA 11.3): "Returns the requested driver API function pointer" for `symbol`
+/// as of `cudaVersion`, choosing the per-thread-default-stream entry when `flags` asks;
+/// CUDA_ERROR_NOT_FOUND for an unknown symbol.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: same contract, no status pointer.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12.0): as cuGetProcAddress, also writing a
+/// `CUdriverProcAddressQueryResult` (0 success, 1 symbol not found, 2 version not sufficient).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    if symbol.is_null() || pfn.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let found = proc_symbol(&name, version, flags);
+    // SAFETY: checked non-null (`status` only when non-null).
+    unsafe {
+        *pfn = found.unwrap_or(std::ptr::null_mut());
+        if !status.is_null() {
+            *status = if found.is_some() { 0 } else { 1 };
+        }
+    }
+    if found.is_some() {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_NOT_FOUND
+    }
+}
+
+/// The device-wide totals shared by all processes using the fake (`FAKE_CUDA_SHARED`).
+///
+/// Layout: 16 words of total per physical device, 16 words of peak, then 256 process slots of
+/// 17 words (pid, bytes per device).
+mod shared {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use std::sync::OnceLock;
+
+    const DEVS: usize = 16;
+    const SLOTS: usize = 256;
+    const SLOT: usize = 1 + DEVS;
+    const WORDS: usize = 2 * DEVS + SLOTS * SLOT;
+
+    struct Shared {
+        words: &'static [AtomicU64],
+        slot: usize,
+    }
+
+    static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
+
+    fn open() -> Option<Shared> {
+        let path = std::env::var_os("FAKE_CUDA_SHARED")?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .ok()?;
+        let len = (WORDS * 8) as u64;
+        if file.metadata().ok()?.len() < len {
+            file.set_len(len).ok()?;
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: mapping a file we just sized to WORDS words, shared, read-write; it stays mapped for
+        // the life of the process (never unmapped), so the 'static slice stays valid.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                WORDS * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // SAFETY: page-aligned mapping of WORDS u64 words; AtomicU64 has u64's layout.
+        let words = unsafe { std::slice::from_raw_parts(p as *const AtomicU64, WORDS) };
+        let pid = u64::from(std::process::id());
+        let slot = (0..SLOTS).find(|&s| {
+            words[2 * DEVS + s * SLOT]
+                .compare_exchange(0, pid, SeqCst, SeqCst)
+                .is_ok()
+        })?;
+        Some(Shared { words, slot })
+    }
+
+    fn get() -> Option<&'static Shared> {
+        SHARED.get_or_init(open).as_ref()
+    }
+
+    /// Alive and not a zombie: a dead process's GPU memory is gone even before it is reaped.
+    fn alive(pid: u64) -> bool {
+        // SAFETY: kill with signal 0 only checks for existence.
+        let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        exists
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(false)
+    }
+
+    /// Releases the memory of dead processes (the driver frees it at process exit).
+    fn reap(sh: &Shared) {
+        for s in 0..SLOTS {
+            let owner = &sh.words[2 * DEVS + s * SLOT];
+            let pid = owner.load(SeqCst);
+            if pid == 0 || s == sh.slot || alive(pid) {
+                continue;
+            }
+            if owner
+                .compare_exchange(pid, u64::MAX, SeqCst, SeqCst)
+                .is_ok()
+            {
+                for d in 0..DEVS {
+                    let b = sh.words[2 * DEVS + s * SLOT + 1 + d].swap(0, SeqCst);
+                    sh.words[d].fetch_sub(b, SeqCst);
+                }
+                owner.store(0, SeqCst);
+            }
+        }
+    }
+
+    /// Adds `bytes` to the device total unless that passes `total`; records the peak.
+    pub fn alloc(dev: usize, bytes: u64, total: u64) -> bool {
+        let Some(sh) = get() else { return true };
+        if dev >= DEVS {
+            return true;
+        }
+        reap(sh);
+        let now = sh.words[dev].fetch_add(bytes, SeqCst) + bytes;
+        if now > total {
+            sh.words[dev].fetch_sub(bytes, SeqCst);
+            return false;
+        }
+        sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_add(bytes, SeqCst);
+        sh.words[DEVS + dev].fetch_max(now, SeqCst);
+        true
+    }
+
+    pub fn free(dev: usize, bytes: u64) {
+        if let Some(sh) = get() {
+            if dev < DEVS {
+                sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_sub(bytes, SeqCst);
+                sh.words[dev].fetch_sub(bytes, SeqCst);
+            }
+        }
+    }
+
+    pub fn used(dev: usize) -> Option<u64> {
+        let sh = get()?;
+        (dev < DEVS).then(|| sh.words[dev].load(SeqCst))
+    }
+
+    pub fn peak(dev: usize) -> Option<u64> {
+        let sh = get()?;
+        (dev < DEVS).then(|| sh.words[DEVS + dev].load(SeqCst))
+    }
+}

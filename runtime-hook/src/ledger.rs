@@ -1,0 +1,263 @@
+//! Lock-free container accounting over the words of the shared file (layout in
+//! `vgpu_core::accounting`). Safe code over `&[AtomicU64]`, so unit tests run it on a plain vector.
+//!
+//! Reserve-then-check: a process adds to its own slot first, then sums every slot; over the limit it
+//! subtracts again and refuses. All operations are `SeqCst`, so every allocation that passes its check
+//! saw all allocations that passed before it: the sum of live allocations never exceeds the limit.
+//! No lock exists, so a process killed at any instruction leaves nobody waiting; its slot is
+//! reclaimed once its pid is gone (the driver frees a dead process's memory).
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use vgpu_core::accounting::{
+    header, slot, slot_word, FILE_WORDS, HEADER_WORDS, MAGIC, MAX_DEVICES, OWNER_RECLAIMING,
+    SLOT_COUNT, SLOT_WORDS, VERSION,
+};
+
+/// The words did not hold a usable version-1 layout.
+#[derive(Debug, thiserror::Error)]
+#[error("vgpu: the accounting file has another layout (magic {magic:#x}, version {version}); refusing CUDA")]
+pub struct LayoutMismatch {
+    magic: u64,
+    version: u64,
+}
+
+/// One process's view of the container's accounting words.
+pub struct Ledger<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Ledger<'a> {
+    /// Lays out the header if the file is new (every process writes the same constants, then the
+    /// magic word last), and checks it otherwise.
+    pub fn init(
+        words: &'a [AtomicU64],
+        memory_limit: &[Option<u64>; MAX_DEVICES],
+        sm_limit: &[u32; MAX_DEVICES],
+    ) -> Result<Ledger<'a>, LayoutMismatch> {
+        assert_eq!(words.len(), FILE_WORDS);
+        let magic = words[header::MAGIC].load(SeqCst);
+        if magic == 0 {
+            words[header::VERSION].store(VERSION, SeqCst);
+            words[header::HEADER_WORDS].store(HEADER_WORDS as u64, SeqCst);
+            words[header::SLOT_COUNT].store(SLOT_COUNT as u64, SeqCst);
+            words[header::SLOT_WORDS].store(SLOT_WORDS as u64, SeqCst);
+            words[header::DEVICES].store(MAX_DEVICES as u64, SeqCst);
+            for d in 0..MAX_DEVICES {
+                words[header::MEMORY_LIMIT + d].store(memory_limit[d].unwrap_or(0), SeqCst);
+                words[header::SM_LIMIT + d].store(u64::from(sm_limit[d]), SeqCst);
+            }
+            words[header::MAGIC].store(MAGIC, SeqCst);
+        }
+        let (magic, version) = (
+            words[header::MAGIC].load(SeqCst),
+            words[header::VERSION].load(SeqCst),
+        );
+        let sizes_ok = words[header::HEADER_WORDS].load(SeqCst) == HEADER_WORDS as u64
+            && words[header::SLOT_COUNT].load(SeqCst) == SLOT_COUNT as u64
+            && words[header::SLOT_WORDS].load(SeqCst) == SLOT_WORDS as u64;
+        if magic != MAGIC || version != VERSION || !sizes_ok {
+            return Err(LayoutMismatch { magic, version });
+        }
+        Ok(Ledger { words })
+    }
+
+    fn w(&self, s: usize, field: usize) -> &AtomicU64 {
+        &self.words[slot_word(s, field)]
+    }
+
+    /// Takes a slot for `pid`: one it already owns (its pid was reused: the old owner is dead) is
+    /// cleared and kept, else a free one; when none is free, dead owners' slots are reclaimed first.
+    pub fn claim(&self, pid: u32, alive: &dyn Fn(u32) -> bool) -> Option<usize> {
+        for attempt in 0..2 {
+            for s in 0..SLOT_COUNT {
+                let owner = self.w(s, slot::OWNER);
+                if owner.load(SeqCst) == u64::from(pid) {
+                    self.clear(s);
+                    return Some(s);
+                }
+            }
+            for s in 0..SLOT_COUNT {
+                if self
+                    .w(s, slot::OWNER)
+                    .compare_exchange(0, u64::from(pid), SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    return Some(s);
+                }
+            }
+            if attempt == 0 {
+                self.reclaim_dead(pid, alive);
+            }
+        }
+        None
+    }
+
+    fn clear(&self, s: usize) {
+        for f in 1..SLOT_WORDS {
+            self.w(s, f).store(0, SeqCst);
+        }
+    }
+
+    /// Frees the slots whose owner (or reclaimer) is dead. Returns how many.
+    pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
+        let mut n = 0;
+        for s in 0..SLOT_COUNT {
+            let owner = self.w(s, slot::OWNER);
+            let cur = owner.load(SeqCst);
+            let pid = (cur & 0xffff_ffff) as u32;
+            if cur == 0 || pid == me || alive(pid) {
+                continue;
+            }
+            // Mark it ours while clearing; should we die here, the next reclaimer sees our pid dead.
+            if owner
+                .compare_exchange(cur, OWNER_RECLAIMING | u64::from(me), SeqCst, SeqCst)
+                .is_ok()
+            {
+                self.clear(s);
+                owner.store(0, SeqCst);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Bytes the container uses on `dev`.
+    pub fn container_used(&self, dev: usize) -> u64 {
+        (0..SLOT_COUNT)
+            .map(|s| self.w(s, slot::USED + dev).load(SeqCst))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Reserves `bytes` on `dev` for slot `s` under `limit`; `false` (and nothing changed) when it
+    /// would pass the limit.
+    pub fn reserve(&self, s: usize, dev: usize, bytes: u64, limit: Option<u64>) -> bool {
+        if dev >= MAX_DEVICES {
+            return limit.is_none();
+        }
+        let used = self.w(s, slot::USED + dev);
+        let mine = used.fetch_add(bytes, SeqCst).saturating_add(bytes);
+        if let Some(limit) = limit {
+            if bytes > limit || self.container_used(dev) > limit {
+                used.fetch_sub(bytes, SeqCst);
+                self.w(s, slot::OOM_REFUSALS).fetch_add(1, SeqCst);
+                return false;
+            }
+        }
+        self.w(s, slot::PEAK + dev).fetch_max(mine, SeqCst);
+        true
+    }
+
+    /// Gives back a reservation or a freed allocation.
+    pub fn release(&self, s: usize, dev: usize, bytes: u64) {
+        if dev < MAX_DEVICES {
+            let used = self.w(s, slot::USED + dev);
+            // Never below zero, even if a reclaimer cleared the slot meanwhile.
+            let _ = used.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+        }
+    }
+
+    /// Counts a kernel launch.
+    pub fn launched(&self, s: usize) {
+        self.w(s, slot::LAUNCHES).fetch_add(1, SeqCst);
+    }
+
+    /// Adds time a launch waited for the core limit.
+    pub fn throttled(&self, s: usize, ns: u64) {
+        self.w(s, slot::THROTTLED_NS).fetch_add(ns, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use vgpu_core::accounting::Snapshot;
+
+    fn words() -> Vec<AtomicU64> {
+        (0..FILE_WORDS).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    fn bytes(w: &[AtomicU64]) -> Vec<u8> {
+        w.iter()
+            .flat_map(|x| x.load(SeqCst).to_ne_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn limit_exactly_and_reader_agrees() {
+        let w = words();
+        let mut lim = [None; MAX_DEVICES];
+        lim[0] = Some(1 << 30);
+        let l = Ledger::init(&w, &lim, &[0; MAX_DEVICES]).unwrap();
+        let a = l.claim(10, &|_| true).unwrap();
+        let b = l.claim(11, &|_| true).unwrap();
+        assert_ne!(a, b);
+        assert!(l.reserve(a, 0, 1023 << 20, lim[0]));
+        assert!(!l.reserve(b, 0, 2 << 20, lim[0]));
+        assert!(l.reserve(b, 0, 1 << 20, lim[0]));
+        assert!(!l.reserve(b, 0, 1, lim[0]));
+        l.launched(a);
+        let s = Snapshot::parse(&bytes(&w)).unwrap();
+        assert_eq!(s.used(0), 1 << 30);
+        assert_eq!(s.memory_limit[0], 1 << 30);
+        assert_eq!(s.oom_refusals(), 2);
+        assert_eq!(s.launches(), 1);
+        l.release(a, 0, 1023 << 20);
+        assert_eq!(l.container_used(0), 1 << 20);
+    }
+
+    #[test]
+    fn dead_slots_are_reclaimed_and_reused_pids_cleared() {
+        let w = words();
+        let l = Ledger::init(&w, &[Some(100); MAX_DEVICES], &[0; MAX_DEVICES]).unwrap();
+        let a = l.claim(10, &|_| true).unwrap();
+        assert!(l.reserve(a, 0, 100, Some(100)));
+        let b = l.claim(11, &|_| true).unwrap();
+        assert!(!l.reserve(b, 0, 1, Some(100)));
+        assert_eq!(l.reclaim_dead(11, &|p| p != 10), 1);
+        assert!(l.reserve(b, 0, 100, Some(100)));
+        // Pid 11 comes back as a new process: its old slot is cleared.
+        assert_eq!(l.claim(11, &|_| true), Some(b));
+        assert_eq!(l.container_used(0), 0);
+    }
+
+    #[test]
+    fn other_layout_refused() {
+        let w = words();
+        w[header::MAGIC].store(MAGIC, SeqCst);
+        w[header::VERSION].store(9, SeqCst);
+        assert!(Ledger::init(&w, &[None; MAX_DEVICES], &[0; MAX_DEVICES]).is_err());
+    }
+
+    /// 8 threads race reservations on one limit; the sum of what succeeded never passes it.
+    #[test]
+    fn racing_reservations_never_pass_the_limit() {
+        let w = words();
+        let limit = Some(1000u64);
+        let l = Ledger::init(&w, &[limit; MAX_DEVICES], &[0; MAX_DEVICES]).unwrap();
+        let live = AtomicU64::new(0);
+        let peak = AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            for t in 0..8u32 {
+                let (l, live, peak) = (&l, &live, &peak);
+                sc.spawn(move || {
+                    let s = l.claim(100 + t, &|_| true).unwrap();
+                    let mut held = Vec::new();
+                    for i in 0..20_000u64 {
+                        let size = 1 + (i * 7 + u64::from(t) * 13) % 300;
+                        if i % 3 != 2 && l.reserve(s, 0, size, limit) {
+                            let now = live.fetch_add(size, SeqCst) + size;
+                            peak.fetch_max(now, SeqCst);
+                            held.push(size);
+                        } else if let Some(b) = held.pop() {
+                            live.fetch_sub(b, SeqCst);
+                            l.release(s, 0, b);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(SeqCst) <= 1000, "{}", peak.load(SeqCst));
+        assert!(peak.load(SeqCst) > 500);
+    }
+}

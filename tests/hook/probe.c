@@ -1,0 +1,105 @@
+/* Test program for the runtime hook: drives the CUDA driver API the way applications do, through
+ * one of three lookup paths, from a little script on the command line, printing one line per step.
+ *   probe MODE STEP...      MODE: direct (linked -lcuda) | procaddr (cuGetProcAddress_v2) | dlsym (dlopen+dlsym)
+ *   STEP: init | ctx:DEV | alloc:BYTES[m] | free:INDEX | info | total:DEV | launch:N | count
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuInit(unsigned int);
+CUresult cuCtxCreate_v2(void **, unsigned int, int);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, int);
+CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+static struct {
+    CUresult (*init)(unsigned int);
+    CUresult (*ctx)(void **, unsigned int, int);
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*free)(CUdeviceptr);
+    CUresult (*info)(size_t *, size_t *);
+    CUresult (*total)(size_t *, int);
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+} f;
+
+static void *lookup(const char *mode, void *lib, const char *base, const char *full) {
+    void *p = NULL;
+    if (!strcmp(mode, "dlsym")) return dlsym(lib, full);
+    /* The runtime asks for base names with its CUDA version and gets the versioned entry. */
+    if (cuGetProcAddress_v2(base, &p, 12040, 0, NULL) != 0) return NULL;
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    const char *mode = argv[1];
+    if (!strcmp(mode, "direct")) {
+        f.init = cuInit; f.ctx = cuCtxCreate_v2; f.alloc = cuMemAlloc_v2; f.free = cuMemFree_v2;
+        f.info = cuMemGetInfo_v2; f.total = cuDeviceTotalMem_v2; f.launch = cuLaunchKernel;
+    } else {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+        if (!lib) { printf("dlopen failed\n"); return 3; }
+        f.init = lookup(mode, lib, "cuInit", "cuInit");
+        f.ctx = lookup(mode, lib, "cuCtxCreate", "cuCtxCreate_v2");
+        f.alloc = lookup(mode, lib, "cuMemAlloc", "cuMemAlloc_v2");
+        f.free = lookup(mode, lib, "cuMemFree", "cuMemFree_v2");
+        f.info = lookup(mode, lib, "cuMemGetInfo", "cuMemGetInfo_v2");
+        f.total = lookup(mode, lib, "cuDeviceTotalMem", "cuDeviceTotalMem_v2");
+        f.launch = lookup(mode, lib, "cuLaunchKernel", "cuLaunchKernel");
+        if (!f.init || !f.ctx || !f.alloc || !f.free || !f.info || !f.total || !f.launch) {
+            printf("lookup failed\n");
+            return 3;
+        }
+    }
+    CUdeviceptr ptrs[4096];
+    int n = 0;
+    for (int i = 2; i < argc; i++) {
+        char *a = argv[i];
+        if (!strcmp(a, "init")) {
+            printf("init = %d\n", f.init(0));
+        } else if (!strncmp(a, "ctx:", 4)) {
+            void *c;
+            printf("ctx = %d\n", f.ctx(&c, 0, atoi(a + 4)));
+        } else if (!strncmp(a, "alloc:", 6)) {
+            char *end;
+            unsigned long long b = strtoull(a + 6, &end, 10);
+            if (*end == 'm') b <<= 20;
+            CUdeviceptr p = 0;
+            CUresult r = f.alloc(&p, b);
+            if (r == 0 && n < 4096) ptrs[n++] = p;
+            printf("alloc %llu = %d\n", b, r);
+        } else if (!strncmp(a, "free:", 5)) {
+            int k = atoi(a + 5);
+            printf("free = %d\n", k < n ? f.free(ptrs[k]) : -1);
+        } else if (!strcmp(a, "info")) {
+            size_t fr = 0, t = 0;
+            CUresult r = f.info(&fr, &t);
+            printf("info = %d free %zu total %zu\n", r, fr, t);
+        } else if (!strncmp(a, "total:", 6)) {
+            size_t t = 0;
+            CUresult r = f.total(&t, atoi(a + 6));
+            printf("total = %d bytes %zu\n", r, t);
+        } else if (!strncmp(a, "launch:", 7)) {
+            int k = atoi(a + 7), ok = 0;
+            for (int j = 0; j < k; j++) ok += f.launch((void *)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == 0;
+            printf("launch ok %d\n", ok);
+        } else if (!strcmp(a, "count")) {
+            CUresult (*c)(unsigned long long *) = dlsym(RTLD_DEFAULT, "fakeCudaGetLaunchCount");
+            unsigned long long v = 0;
+            if (c) c(&v);
+            printf("driver launches %llu\n", v);
+        } else {
+            printf("unknown step %s\n", a);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}

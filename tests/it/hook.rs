@@ -1,0 +1,225 @@
+//! The runtime hook under `LD_PRELOAD`, driving the fake `libcuda.so.1` from a C program through the
+//! three ways applications reach the driver: linked symbols, `cuGetProcAddress_v2`, `dlopen`+`dlsym`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use vgpu_core::accounting::Snapshot;
+
+struct Env {
+    dir: tempfile::TempDir,
+    probe: PathBuf,
+    hook: PathBuf,
+}
+
+fn setup() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = vgpu_tests::cdylib("fake_cuda");
+    let hook = vgpu_tests::cdylib("vgpu");
+    std::fs::copy(&fake, dir.path().join("libcuda.so.1")).unwrap();
+    std::os::unix::fs::symlink("libcuda.so.1", dir.path().join("libcuda.so")).unwrap();
+    let probe = dir.path().join("probe");
+    let src = vgpu_tests::repo_root().join("tests/hook/probe.c");
+    let out = Command::new("cc")
+        .arg("-o")
+        .arg(&probe)
+        .arg(&src)
+        .arg("-L")
+        .arg(dir.path())
+        .args(["-lcuda", "-ldl"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Env { dir, probe, hook }
+}
+
+impl Env {
+    fn cache(&self) -> PathBuf {
+        self.dir.path().join("acct/vgpu.cache")
+    }
+
+    /// Runs the probe under the hook with `vars`; returns (stdout lines, stderr).
+    fn run(&self, vars: &[(&str, &str)], args: &[&str]) -> (Vec<String>, String) {
+        let mut cmd = Command::new(&self.probe);
+        cmd.args(args)
+            .env_clear()
+            .env("LD_LIBRARY_PATH", self.dir.path())
+            .env("LD_PRELOAD", &self.hook)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", self.cache());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success(),
+            "probe {args:?} failed\n{stdout}\n{stderr}"
+        );
+        (stdout.lines().map(String::from).collect(), stderr)
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot::parse(&std::fs::read(self.cache()).unwrap()).unwrap()
+    }
+}
+
+fn gib(n: u64) -> String {
+    format!("{}", n << 30)
+}
+
+/// Limit 1 GiB: 1023 MiB succeeds, 2 MiB more is refused without the driver, 1 MiB fits exactly;
+/// cuMemGetInfo and cuDeviceTotalMem report the slice; the accounting file meters it all.
+#[test]
+fn memory_cap_exact_and_reported_on_every_lookup_path() {
+    for mode in ["direct", "procaddr", "dlsym"] {
+        let env = setup();
+        let (out, _) = env.run(
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+                ("FAKE_CUDA_DEVICE_MEMORY", "16g"),
+            ],
+            &[
+                mode,
+                "init",
+                "ctx:0",
+                "total:0",
+                "alloc:1023m",
+                "alloc:2m",
+                "alloc:1m",
+                "info",
+                "alloc:1",
+                "free:0",
+                "info",
+                "launch:5",
+                "count",
+            ],
+        );
+        let want = [
+            "init = 0".to_string(),
+            "ctx = 0".into(),
+            format!("total = 0 bytes {}", gib(1)),
+            format!("alloc {} = 0", 1023u64 << 20),
+            format!("alloc {} = 2", 2u64 << 20),
+            format!("alloc {} = 0", 1u64 << 20),
+            format!("info = 0 free 0 total {}", gib(1)),
+            "alloc 1 = 2".into(),
+            "free = 0".into(),
+            format!("info = 0 free {} total {}", 1023u64 << 20, gib(1)),
+            "launch ok 5".into(),
+            "driver launches 5".into(),
+        ];
+        assert_eq!(out, want, "mode {mode}");
+        let snap = env.snapshot();
+        assert_eq!(snap.memory_limit[0], 1 << 30);
+        assert_eq!(snap.processes.len(), 1, "{snap:?}");
+        let p = &snap.processes[0];
+        assert_eq!(p.launches, 5, "mode {mode}");
+        assert_eq!(p.oom_refusals, 2, "mode {mode}");
+        assert_eq!(p.used[0], 1 << 20, "mode {mode}");
+        assert_eq!(p.peak[0], 1 << 30, "mode {mode}");
+    }
+}
+
+/// Per-device limits win over the global one; without a limit the real values pass through.
+#[test]
+fn per_device_limits() {
+    let env = setup();
+    let (out, _) = env.run(
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "512m"),
+            ("FAKE_CUDA_DEVICE_MEMORY", "8g,8g"),
+        ],
+        &[
+            "direct",
+            "init",
+            "total:0",
+            "total:1",
+            "ctx:1",
+            "alloc:512m",
+            "alloc:1",
+            "ctx:0",
+            "alloc:1024m",
+            "info",
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "init = 0".to_string(),
+            format!("total = 0 bytes {}", gib(2)),
+            format!("total = 0 bytes {}", 512u64 << 20),
+            "ctx = 0".into(),
+            format!("alloc {} = 0", 512u64 << 20),
+            "alloc 1 = 2".into(),
+            "ctx = 0".into(),
+            format!("alloc {} = 0", gib(1)),
+            format!("info = 0 free {} total {}", gib(1), gib(2)),
+        ]
+    );
+    let env = setup();
+    let (out, _) = env.run(
+        &[("FAKE_CUDA_DEVICE_MEMORY", "8g")],
+        &["direct", "init", "total:0"],
+    );
+    assert_eq!(out[1], format!("total = 0 bytes {}", gib(8)));
+}
+
+/// CUDA_VISIBLE_DEVICES inside the container renumbers: CUDA ordinal 0 is container device 1, so
+/// limit _1 applies to it.
+#[test]
+fn visible_devices_pick_the_right_limit() {
+    let env = setup();
+    let (out, _) = env.run(
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "3g"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("FAKE_CUDA_DEVICE_MEMORY", "8g,8g"),
+        ],
+        &["direct", "init", "total:0"],
+    );
+    assert_eq!(out[1], format!("total = 0 bytes {}", gib(3)));
+}
+
+/// An unreadable limit fails closed: cuInit returns CUDA_ERROR_INVALID_VALUE with one line naming it.
+#[test]
+fn bad_limit_fails_closed_with_the_variable_named() {
+    let env = setup();
+    let (out, err) = env.run(
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "4gb")],
+        &["direct", "init", "alloc:1"],
+    );
+    assert_eq!(out, ["init = 1", "alloc 1 = 1"]);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("CUDA_DEVICE_MEMORY_LIMIT=\"4gb\""),
+        "{err}"
+    );
+}
+
+/// Two processes share one limit through the file; the memory of a process that exited is reclaimed
+/// when another needs it.
+#[test]
+fn processes_share_one_limit_and_dead_ones_are_reclaimed() {
+    let env = setup();
+    let vars = [("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
+    let (out, _) = env.run(&vars, &["direct", "init", "ctx:0", "alloc:1023m"]);
+    assert_eq!(out[2], format!("alloc {} = 0", 1023u64 << 20));
+    // The first process is gone; its slot still shows its usage until someone needs the memory.
+    assert_eq!(env.snapshot().used(0), 1023 << 20);
+    let (out, _) = env.run(&vars, &["direct", "init", "ctx:0", "alloc:1023m", "info"]);
+    assert_eq!(out[2], format!("alloc {} = 0", 1023u64 << 20));
+    assert_eq!(
+        out[3],
+        format!("info = 0 free {} total {}", 1u64 << 20, gib(1))
+    );
+    let snap = env.snapshot();
+    assert_eq!(snap.used(0), 1023 << 20);
+    assert_eq!(snap.processes.len(), 1);
+}
