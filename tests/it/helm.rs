@@ -730,3 +730,38 @@ fn chart_refuses_values_that_cannot_work() {
         assert!(err.contains(message), "{set}: {err}");
     }
 }
+
+#[test]
+fn install_doc_lists_exactly_the_rbac_in_code() {
+    let doc = std::fs::read_to_string(vgpu_tests::repo_root().join("docs/install.md")).unwrap();
+    let rows: BTreeSet<String> = doc
+        .lines()
+        .filter(|l| {
+            l.starts_with("| ")
+                && l.matches(" | ").count() == 5
+                && !l.starts_with("| ServiceAccount")
+        })
+        .map(String::from)
+        .collect();
+    let mut expected = BTreeSet::new();
+    for c in rbac::ALL {
+        for a in c.rules {
+            let group = if a.group.is_empty() { "core" } else { a.group };
+            let scope = match a.scope {
+                Scope::Cluster => "Cluster",
+                Scope::ReleaseNamespace => "ReleaseNamespace",
+            };
+            expected.insert(format!(
+                "| {} | {group} | {} | {} | {scope} | {} |",
+                c.service_account,
+                a.resource,
+                a.verbs.join(", "),
+                a.why
+            ));
+        }
+    }
+    assert_eq!(
+        rows, expected,
+        "docs/install.md RBAC table differs from vgpu_core::rbac"
+    );
+}
