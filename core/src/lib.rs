@@ -24,6 +24,7 @@ pub mod accounting;
 pub mod annotations;
 pub mod assignment;
 pub mod env;
+pub mod exposition;
 pub mod inventory;
 pub mod placement;
 pub mod quantity;

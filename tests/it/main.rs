@@ -4,4 +4,5 @@
 mod cert_rotation;
 mod helm;
 mod hook;
+mod metrics;
 mod webhook;

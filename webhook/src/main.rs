@@ -25,9 +25,7 @@ async fn main() -> anyhow::Result<()> {
         CertSource::SelfSigned => (tls::dev_server_config()?, None),
     };
     let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
-    let router = app(Arc::new(AppState {
-        mutate: settings.mutate.clone(),
-    }));
+    let router = app(Arc::new(AppState::new(settings.mutate.clone())));
 
     let handle = axum_server::Handle::new();
     let shutdown = handle.clone();

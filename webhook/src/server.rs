@@ -1,4 +1,4 @@
-//! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`.
+//! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! Every well-formed review gets a review back, whatever the decision; only bodies that are not
 //! reviews get 400, and bodies over [`MAX_BODY_BYTES`] get 413 before they are read whole.
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse};
+use crate::metrics::{AdmissionLabels, Metrics};
 use crate::mutate::{mutate_pod, MutateError, MutateSettings};
 
 /// Largest review body accepted: the API server's own request limit is 3 MiB.
@@ -24,6 +25,18 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 pub struct AppState {
     /// Mutation settings.
     pub mutate: MutateSettings,
+    /// Counters and histograms served at `/metrics`.
+    pub metrics: Metrics,
+}
+
+impl AppState {
+    /// State with fresh metrics.
+    pub fn new(mutate: MutateSettings) -> AppState {
+        AppState {
+            mutate,
+            metrics: Metrics::new(),
+        }
+    }
 }
 
 /// The router, without a listener: tests drive it with `oneshot`.
@@ -32,6 +45,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/mutate", post(mutate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -43,16 +57,54 @@ fn bad_request(message: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(status)).into_response()
 }
 
+/// OpenMetrics when the scraper asks for it (Prometheus does), the classic text format otherwise.
+async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    use vgpu_core::exposition;
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let text = state.metrics.encode();
+    let (content_type, body) = if exposition::wants_openmetrics(accept) {
+        (exposition::OPENMETRICS_TEXT, text)
+    } else {
+        (
+            exposition::PROMETHEUS_TEXT,
+            exposition::to_prometheus_text(&text),
+        )
+    };
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
 async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
     let request = match AdmissionRequest::from_review_bytes(&body) {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(endpoint = "mutate", decision = "bad-request", error = %e, "admission");
+            state.metrics.admission(
+                AdmissionLabels {
+                    endpoint: "mutate",
+                    decision: "bad-request",
+                    reason: "not-a-review",
+                },
+                started.elapsed(),
+            );
             return bad_request(e.to_string());
         }
     };
     let (response, decision) = decide_mutation(&request, &state.mutate);
+    state.metrics.admission(
+        AdmissionLabels {
+            endpoint: "mutate",
+            decision: if response.allowed {
+                "allowed"
+            } else {
+                "denied"
+            },
+            reason: decision,
+        },
+        started.elapsed(),
+    );
     tracing::info!(
         endpoint = "mutate",
         uid = %request.uid,
@@ -107,9 +159,7 @@ mod tests {
     use tower::ServiceExt;
 
     fn router() -> Router {
-        app(Arc::new(AppState {
-            mutate: MutateSettings::default(),
-        }))
+        app(Arc::new(AppState::new(MutateSettings::default())))
     }
 
     async fn post(body: impl Into<Body>) -> (StatusCode, serde_json::Value) {

@@ -1,0 +1,168 @@
+//! Prometheus metrics of the admission service, served at `GET /metrics` (text exposition format,
+//! on the same TLS listener: the webhook has no plaintext port).
+//!
+//! Names follow the Prometheus conventions: a `vgpu_webhook_` prefix, base units (seconds),
+//! `_total` on counters. Label values come from small fixed sets (endpoint, decision, reason), never
+//! from request content, so a hostile client cannot blow up the series count.
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use std::time::Duration;
+
+/// Labels of one admission outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// `mutate` or `validate`.
+    pub endpoint: &'static str,
+    /// `allowed`, `denied` or `bad-request`.
+    pub decision: &'static str,
+    /// Why, in one word (`patched`, `no-vgpu`, `skipped`, `unchanged`, `invalid`, `quota`, ...).
+    pub reason: &'static str,
+}
+
+/// Labels naming an endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// `mutate` or `validate`.
+    pub endpoint: &'static str,
+}
+
+/// Labels of an outcome that either worked or did not.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Every metric of the webhook, and the registry that exposes them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    admissions: Family<AdmissionLabels, Counter>,
+    duration: Family<EndpointLabels, Histogram>,
+    quota_reservations: Family<ResultLabels, Counter>,
+    event_writes: Family<ResultLabels, Counter>,
+}
+
+/// Latency buckets: admissions take tens of microseconds; the API server gives up at the
+/// webhook's timeoutSeconds (at most 30 s).
+const DURATION_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric at zero.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let admissions = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "vgpu_webhook_admissions",
+            "Admission reviews answered, by endpoint, decision and reason",
+            admissions.clone(),
+        );
+        let duration = Family::<EndpointLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(DURATION_BUCKETS)
+        });
+        registry.register_with_unit(
+            "vgpu_webhook_admission_duration",
+            "Time from a review's body read to its answer",
+            Unit::Seconds,
+            duration.clone(),
+        );
+        let quota_reservations = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "vgpu_webhook_quota_reservations",
+            "Reservations of tenant gpumem quota, by result",
+            quota_reservations.clone(),
+        );
+        let event_writes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "vgpu_webhook_event_writes",
+            "Kubernetes Events written for rejections, by result",
+            event_writes.clone(),
+        );
+        Metrics {
+            registry,
+            admissions,
+            duration,
+            quota_reservations,
+            event_writes,
+        }
+    }
+
+    /// Counts one answered review and its latency.
+    pub fn admission(&self, labels: AdmissionLabels, took: Duration) {
+        self.duration
+            .get_or_create(&EndpointLabels {
+                endpoint: labels.endpoint,
+            })
+            .observe(took.as_secs_f64());
+        self.admissions.get_or_create(&labels).inc();
+    }
+
+    /// Counts one quota reservation attempt.
+    pub fn quota_reservation(&self, ok: bool) {
+        self.quota_reservations
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    /// Counts one Event write.
+    pub fn event_write(&self, ok: bool) {
+        self.event_writes
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_show_up_under_conventional_names() {
+        let m = Metrics::new();
+        m.admission(
+            AdmissionLabels {
+                endpoint: "mutate",
+                decision: "allowed",
+                reason: "patched",
+            },
+            Duration::from_micros(70),
+        );
+        m.quota_reservation(true);
+        m.event_write(false);
+        let text = m.encode();
+        assert!(text.contains(
+            "vgpu_webhook_admissions_total{endpoint=\"mutate\",decision=\"allowed\",reason=\"patched\"} 1"
+        ), "{text}");
+        assert!(text.contains("vgpu_webhook_admission_duration_seconds_bucket{le=\"0.0001\",endpoint=\"mutate\"} 1"), "{text}");
+        assert!(
+            text.contains("vgpu_webhook_admission_duration_seconds_count{endpoint=\"mutate\"} 1")
+        );
+        assert!(text.contains("vgpu_webhook_quota_reservations_total{result=\"ok\"} 1"));
+        assert!(text.contains("vgpu_webhook_event_writes_total{result=\"error\"} 1"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
