@@ -2,8 +2,10 @@
  * one of three lookup paths, from a little script on the command line, printing one line per step.
  *   probe MODE STEP...      MODE: direct (linked -lcuda) | procaddr (cuGetProcAddress_v2) | dlsym (dlopen+dlsym)
  *   STEP: init | ctx:DEV | alloc:BYTES[m] | free:INDEX | info | total:DEV | launch:N | count
+ *         | stress:THREADS:ITERS:SEED (random alloc/free of up to 64 MiB on device 0) | peak:DEV
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,29 @@ static void *lookup(const char *mode, void *lib, const char *base, const char *f
     /* The runtime asks for base names with its CUDA version and gets the versioned entry. */
     if (cuGetProcAddress_v2(base, &p, 12040, 0, NULL) != 0) return NULL;
     return p;
+}
+
+struct worker { int iters; unsigned seed; int refused; };
+
+static void *stress(void *arg) {
+    struct worker *w = arg;
+    void *c;
+    f.ctx(&c, 0, 0);
+    CUdeviceptr held[64];
+    int n = 0;
+    for (int i = 0; i < w->iters; i++) {
+        if (n < 64 && (n == 0 || rand_r(&w->seed) % 3 != 0)) {
+            CUdeviceptr p;
+            size_t b = 1 + (size_t)(rand_r(&w->seed) % (64u << 20));
+            if (f.alloc(&p, b) == 0) held[n++] = p; else w->refused++;
+        } else {
+            int k = rand_r(&w->seed) % n;
+            f.free(held[k]);
+            held[k] = held[--n];
+        }
+    }
+    while (n > 0) f.free(held[--n]);
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -95,6 +120,24 @@ int main(int argc, char **argv) {
             unsigned long long v = 0;
             if (c) c(&v);
             printf("driver launches %llu\n", v);
+        } else if (!strncmp(a, "stress:", 7)) {
+            int threads = 1, iters = 1; unsigned seed = 1;
+            sscanf(a + 7, "%d:%d:%u", &threads, &iters, &seed);
+            pthread_t t[64];
+            struct worker w[64];
+            if (threads > 64) threads = 64;
+            for (int j = 0; j < threads; j++) {
+                w[j].iters = iters; w[j].seed = seed * 131 + j; w[j].refused = 0;
+                pthread_create(&t[j], NULL, stress, &w[j]);
+            }
+            int refused = 0;
+            for (int j = 0; j < threads; j++) { pthread_join(t[j], NULL); refused += w[j].refused; }
+            printf("stress done refused %d\n", refused);
+        } else if (!strncmp(a, "peak:", 5)) {
+            CUresult (*pk)(int, unsigned long long *) = dlsym(RTLD_DEFAULT, "fakeCudaGetSharedPeak");
+            unsigned long long v = 0;
+            CUresult r = pk ? pk(atoi(a + 5), &v) : -1;
+            printf("peak = %d bytes %llu\n", r, v);
         } else {
             printf("unknown step %s\n", a);
             return 2;

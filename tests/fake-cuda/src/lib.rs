@@ -902,6 +902,7 @@ mod shared {
     struct Shared {
         words: &'static [AtomicU64],
         slot: usize,
+        file: std::fs::File,
     }
 
     static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
@@ -943,7 +944,7 @@ mod shared {
                 .compare_exchange(0, pid, SeqCst, SeqCst)
                 .is_ok()
         })?;
-        Some(Shared { words, slot })
+        Some(Shared { words, slot, file })
     }
 
     fn get() -> Option<&'static Shared> {
@@ -964,25 +965,43 @@ mod shared {
                 .unwrap_or(false)
     }
 
-    /// Releases the memory of dead processes (the driver frees it at process exit).
-    fn reap(sh: &Shared) {
+    /// Runs `f` under an exclusive `flock` of the file: the kernel drops it when a holder dies, so a
+    /// killed process never leaves the others waiting.
+    fn locked<T>(sh: &Shared, f: impl FnOnce() -> T) -> T {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on our own open descriptor.
+        unsafe { libc::flock(sh.file.as_raw_fd(), libc::LOCK_EX) };
+        let r = f();
+        // SAFETY: as above.
+        unsafe { libc::flock(sh.file.as_raw_fd(), libc::LOCK_UN) };
+        r
+    }
+
+    fn slot_used(sh: &Shared, s: usize, dev: usize) -> &AtomicU64 {
+        &sh.words[2 * DEVS + s * SLOT + 1 + dev]
+    }
+
+    /// Releases the memory of dead processes (the driver frees it at process exit) and returns the
+    /// device total of the live ones. Called under the lock.
+    fn reap_and_sum(sh: &Shared, dev: usize) -> u64 {
+        let mut total = 0u64;
         for s in 0..SLOTS {
             let owner = &sh.words[2 * DEVS + s * SLOT];
             let pid = owner.load(SeqCst);
-            if pid == 0 || s == sh.slot || alive(pid) {
+            if pid == 0 {
                 continue;
             }
-            if owner
-                .compare_exchange(pid, u64::MAX, SeqCst, SeqCst)
-                .is_ok()
-            {
+            if s != sh.slot && !alive(pid) {
                 for d in 0..DEVS {
-                    let b = sh.words[2 * DEVS + s * SLOT + 1 + d].swap(0, SeqCst);
-                    sh.words[d].fetch_sub(b, SeqCst);
+                    slot_used(sh, s, d).store(0, SeqCst);
                 }
                 owner.store(0, SeqCst);
+                continue;
             }
+            total += slot_used(sh, s, dev).load(SeqCst);
         }
+        sh.words[dev].store(total, SeqCst);
+        total
     }
 
     /// Adds `bytes` to the device total unless that passes `total`; records the peak.
@@ -991,22 +1010,25 @@ mod shared {
         if dev >= DEVS {
             return true;
         }
-        reap(sh);
-        let now = sh.words[dev].fetch_add(bytes, SeqCst) + bytes;
-        if now > total {
-            sh.words[dev].fetch_sub(bytes, SeqCst);
-            return false;
-        }
-        sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_add(bytes, SeqCst);
-        sh.words[DEVS + dev].fetch_max(now, SeqCst);
-        true
+        locked(sh, || {
+            let now = reap_and_sum(sh, dev) + bytes;
+            if now > total {
+                return false;
+            }
+            slot_used(sh, sh.slot, dev).fetch_add(bytes, SeqCst);
+            sh.words[dev].store(now, SeqCst);
+            sh.words[DEVS + dev].fetch_max(now, SeqCst);
+            true
+        })
     }
 
     pub fn free(dev: usize, bytes: u64) {
         if let Some(sh) = get() {
             if dev < DEVS {
-                sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_sub(bytes, SeqCst);
-                sh.words[dev].fetch_sub(bytes, SeqCst);
+                locked(sh, || {
+                    slot_used(sh, sh.slot, dev).fetch_sub(bytes, SeqCst);
+                    sh.words[dev].fetch_sub(bytes, SeqCst);
+                });
             }
         }
     }
