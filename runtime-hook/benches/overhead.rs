@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! cargo build --release -p vgpu-runtime-hook -p fake_cuda
-//! mkdir -p /tmp/bench && cp target/release/libfake_cuda.so /tmp/bench/libcuda.so.1
-//! LD_LIBRARY_PATH=/tmp/bench CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/bench/acct \
+//! mkdir -p bench && cp target/release/libfake_cuda.so bench/libcuda.so.1
+//! LD_LIBRARY_PATH=bench CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_SHARED_CACHE=bench/acct \
 //!   cargo bench -p vgpu-runtime-hook --bench overhead -- target/release/libvgpu.so
 //! ```
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, missing_docs)]

@@ -19,6 +19,7 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, int);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
 static struct {
@@ -29,6 +30,7 @@ static struct {
     CUresult (*info)(size_t *, size_t *);
     CUresult (*total)(size_t *, int);
     CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, void *);
 } f;
 
 static void *lookup(const char *mode, void *lib, const char *base, const char *full) {
@@ -68,6 +70,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "direct")) {
         f.init = cuInit; f.ctx = cuCtxCreate_v2; f.alloc = cuMemAlloc_v2; f.free = cuMemFree_v2;
         f.info = cuMemGetInfo_v2; f.total = cuDeviceTotalMem_v2; f.launch = cuLaunchKernel;
+        f.alloc_async = cuMemAllocAsync;
     } else {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW);
         if (!lib) { printf("dlopen failed\n"); return 3; }
@@ -78,6 +81,10 @@ int main(int argc, char **argv) {
         f.info = lookup(mode, lib, "cuMemGetInfo", "cuMemGetInfo_v2");
         f.total = lookup(mode, lib, "cuDeviceTotalMem", "cuDeviceTotalMem_v2");
         f.launch = lookup(mode, lib, "cuLaunchKernel", "cuLaunchKernel");
+        /* The per-thread-default-stream entry: flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2). */
+        if (!strcmp(mode, "dlsym")) f.alloc_async = dlsym(lib, "cuMemAllocAsync_ptsz");
+        else if (cuGetProcAddress_v2("cuMemAllocAsync", (void **)&f.alloc_async, 12040, 2, NULL) != 0) f.alloc_async = NULL;
+        if (!f.alloc_async) { printf("lookup failed\n"); return 3; }
         if (!f.init || !f.ctx || !f.alloc || !f.free || !f.info || !f.total || !f.launch) {
             printf("lookup failed\n");
             return 3;
@@ -100,6 +107,14 @@ int main(int argc, char **argv) {
             CUresult r = f.alloc(&p, b);
             if (r == 0 && n < 4096) ptrs[n++] = p;
             printf("alloc %llu = %d\n", b, r);
+        } else if (!strncmp(a, "async:", 6)) {
+            char *end;
+            unsigned long long b = strtoull(a + 6, &end, 10);
+            if (*end == 'm') b <<= 20;
+            CUdeviceptr p = 0;
+            CUresult r = f.alloc_async(&p, b, NULL);
+            if (r == 0 && n < 4096) ptrs[n++] = p;
+            printf("async %llu = %d\n", b, r);
         } else if (!strncmp(a, "free:", 5)) {
             int k = atoi(a + 5);
             printf("free = %d\n", k < n ? f.free(ptrs[k]) : -1);

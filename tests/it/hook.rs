@@ -139,6 +139,41 @@ fn memory_cap_exact_and_reported_on_every_lookup_path() {
     }
 }
 
+/// Stream-ordered allocation is capped too, including the per-thread-default-stream (`_ptsz`)
+/// entry that cuGetProcAddress hands out for flag 2.
+#[test]
+fn async_allocations_are_capped_on_every_lookup_path() {
+    for mode in ["direct", "procaddr", "dlsym"] {
+        let env = setup();
+        let (out, _) = env.run(
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            &[
+                mode,
+                "init",
+                "ctx:0",
+                "async:1023m",
+                "async:2m",
+                "free:0",
+                "async:2m",
+                "info",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "init = 0".to_string(),
+                "ctx = 0".into(),
+                format!("async {} = 0", 1023u64 << 20),
+                format!("async {} = 2", 2u64 << 20),
+                "free = 0".into(),
+                format!("async {} = 0", 2u64 << 20),
+                format!("info = 0 free {} total {}", 1022u64 << 20, gib(1)),
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
 /// Per-device limits win over the global one; without a limit the real values pass through.
 #[test]
 fn per_device_limits() {
