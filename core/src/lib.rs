@@ -27,6 +27,7 @@ pub mod env;
 pub mod inventory;
 pub mod placement;
 pub mod quantity;
+pub mod rbac;
 pub mod request;
 pub mod resources;
 pub mod time;

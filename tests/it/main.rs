@@ -1,5 +1,7 @@
 //! The one integration-test binary (ripgrep's layout): each module tests one part through its real
 //! process boundary, using the doubles beside this crate.
 
+mod cert_rotation;
+mod helm;
 mod hook;
 mod webhook;

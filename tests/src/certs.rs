@@ -52,18 +52,36 @@ impl TestPki {
         (ca, cert, key)
     }
 
+    /// DER of the serving certificate, to compare with what a server presents.
+    pub fn leaf_der(&self) -> Vec<u8> {
+        rustls_pemfile::certs(&mut self.cert_pem.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    }
+
     /// A rustls client config that trusts only this CA.
     pub fn client_config(&self) -> rustls::ClientConfig {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
+        trusting(&[self])
+    }
+}
+
+/// A rustls client config that trusts exactly the CAs of `pkis` (a client that sees a rotation to
+/// a new CA trusts both during the overlap, as a caBundle with two certificates does).
+pub fn trusting(pkis: &[&TestPki]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for p in pkis {
+        for c in rustls_pemfile::certs(&mut p.ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth()
     }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth()
 }

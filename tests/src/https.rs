@@ -29,7 +29,70 @@ impl Reply {
     }
 }
 
-/// POSTs `body` to `https://localhost:<port><path>` trusting only `tls`'s roots.
+/// One kept-alive HTTP/1.1 connection over TLS: requests reuse it until it fails.
+pub struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    /// DER of the certificate the server presented in this connection's handshake.
+    pub peer_leaf: Vec<u8>,
+}
+
+/// Opens a TLS connection to `addr` as `localhost`, trusting only `tls`'s roots.
+pub async fn connect(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> std::io::Result<Connection> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let stream = connector.connect(name, tcp).await?;
+    let peer_leaf = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    Ok(Connection { sender, peer_leaf })
+}
+
+impl Connection {
+    /// Sends one request on this connection and reads the whole reply.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> std::io::Result<Reply> {
+        self.sender.ready().await.map_err(std::io::Error::other)?;
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(std::io::Error::other)?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(std::io::Error::other)?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(std::io::Error::other)?
+            .to_bytes()
+            .to_vec();
+        Ok(Reply { status, body })
+    }
+}
+
+/// Sends `body` to `https://localhost:<port><path>` on a new connection, trusting only `tls`'s roots.
 pub async fn request(
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
@@ -37,32 +100,5 @@ pub async fn request(
     path: &str,
     body: Vec<u8>,
 ) -> std::io::Result<Reply> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let connector = tokio_rustls::TlsConnector::from(tls);
-    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
-    let stream = connector.connect(name, tcp).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(std::io::Error::other)?;
-    tokio::spawn(conn);
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(std::io::Error::other)?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(std::io::Error::other)?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(std::io::Error::other)?
-        .to_bytes()
-        .to_vec();
-    Ok(Reply { status, body })
+    connect(addr, tls).await?.send(method, path, body).await
 }

@@ -16,9 +16,13 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     let settings = cli.settings()?;
-    let tls_config = match &settings.cert {
-        CertSource::Files { cert, key } => tls::load_server_config(cert, key)?,
-        CertSource::SelfSigned => tls::dev_server_config()?,
+    // The watcher lives as long as main: certificate files are reloaded while we serve.
+    let (tls_config, _cert_watcher) = match &settings.cert {
+        CertSource::Files { cert, key } => {
+            let reloading = tls::reloading_server_config(cert, key)?;
+            (reloading.config, Some(reloading.watcher))
+        }
+        CertSource::SelfSigned => (tls::dev_server_config()?, None),
     };
     let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
     let router = app(Arc::new(AppState {

@@ -2,10 +2,12 @@
 
 use rcgen::{CertificateParams, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ResolvesServerCert;
 use rustls::ServerConfig;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
+use vgpu_certs::reload::{CertWatcher, ReloadError, ReloadingCert};
 
 /// A certificate or key that cannot be used.
 #[derive(Debug, Error)]
@@ -39,6 +41,12 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
+    /// The certificate files cannot be served or watched.
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
+    /// rustls refused the protocol settings.
+    #[error("TLS settings refused: {0}")]
+    Settings(#[source] rustls::Error),
     /// Generating the development certificate failed.
     #[error("cannot generate a development certificate: {0}")]
     Generate(#[source] rcgen::Error),
@@ -83,13 +91,50 @@ pub fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<ServerConfig>, rustls::Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let mut cfg = builder()?.with_single_cert(chain, key)?;
+    cfg.alpn_protocols = alpn();
     Ok(Arc::new(cfg))
+}
+
+/// A certificate served from files and reloaded when they change: the live config, and the
+/// watcher that must stay alive as long as reloading should happen.
+pub struct Reloading {
+    /// The server config; its resolver hands each new handshake the current pair.
+    pub config: Arc<ServerConfig>,
+    /// The resolver (exposed so callers can report its generation).
+    pub cert: Arc<ReloadingCert>,
+    /// Dropping this stops reloading.
+    pub watcher: CertWatcher,
+}
+
+/// Serves `cert`/`key` and reloads them when they change on disk (a Secret volume's `..data`
+/// symlink swap included). Connections already open keep the keys they negotiated, so a rotation
+/// drops no in-flight or keep-alive request; a broken new pair is refused and the old one serves on.
+pub fn reloading_server_config(cert: &Path, key: &Path) -> Result<Reloading, TlsError> {
+    let resolver = ReloadingCert::load(cert, key)?;
+    let watcher = resolver.watch()?;
+    let as_resolver: Arc<dyn ResolvesServerCert> = resolver.clone();
+    let mut cfg = builder()
+        .map_err(TlsError::Settings)?
+        .with_cert_resolver(as_resolver);
+    cfg.alpn_protocols = alpn();
+    Ok(Reloading {
+        config: Arc::new(cfg),
+        cert: resolver,
+        watcher,
+    })
+}
+
+fn builder(
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth())
+}
+
+fn alpn() -> Vec<Vec<u8>> {
+    vec![b"h2".to_vec(), b"http/1.1".to_vec()]
 }
 
 /// A throwaway self-signed certificate for `localhost` and `127.0.0.1` (`--dev`).

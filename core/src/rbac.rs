@@ -1,0 +1,237 @@
+//! What each component may ask of the Kubernetes API: the single list that the Helm chart's RBAC
+//! must grant exactly (a test renders the chart and compares), and that README.md explains.
+//!
+//! When code starts calling a new verb, add it here with the reason; the chart test then fails
+//! until `helm/vgpu/templates/rbac.yaml` grants it, so the two never drift apart.
+
+/// Where a grant applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (a ClusterRole bound by a ClusterRoleBinding).
+    Cluster,
+    /// The release namespace only (a Role).
+    ReleaseNamespace,
+}
+
+/// One rule: these verbs on this resource, and why the code needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// API group (`""` is the core group).
+    pub group: &'static str,
+    /// Resource (`pods/binding` for a subresource).
+    pub resource: &'static str,
+    /// Only these object names (empty: any). Chart-dependent names are written as the
+    /// placeholder of [`ApiAccess::names`].
+    pub names: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+    /// Where it applies.
+    pub scope: Scope,
+    /// Why.
+    pub why: &'static str,
+}
+
+impl ApiAccess {
+    const fn cluster(
+        group: &'static str,
+        resource: &'static str,
+        verbs: &'static [&'static str],
+        why: &'static str,
+    ) -> ApiAccess {
+        ApiAccess {
+            group,
+            resource,
+            names: &[],
+            verbs,
+            scope: Scope::Cluster,
+            why,
+        }
+    }
+}
+
+/// A component's identity and grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Component {
+    /// ServiceAccount name suffix in the chart (`<release>-<suffix>`).
+    pub service_account: &'static str,
+    /// Rules of the component's own roles.
+    pub rules: &'static [ApiAccess],
+    /// Built-in roles the component is bound to (kube-scheduler's, as its documentation for a
+    /// second scheduler says): `ClusterRole/NAME` or `NAMESPACE/Role/NAME`.
+    pub builtin_roles: &'static [&'static str],
+}
+
+/// The admission webhook.
+pub const WEBHOOK: Component = Component {
+    service_account: "webhook",
+    rules: &[
+        ApiAccess::cluster(
+            "",
+            "resourcequotas",
+            &["get", "list", "watch"],
+            "read each tenant's gpumem quota to admit or reject a pod",
+        ),
+        ApiAccess::cluster(
+            "",
+            "pods",
+            &["list", "watch"],
+            "count the gpumem already used by a namespace's pods",
+        ),
+        ApiAccess::cluster(
+            "",
+            "events",
+            &["create", "patch"],
+            "record each rejection as an Event on the pod's namespace (patch: aggregate repeats)",
+        ),
+    ],
+    builtin_roles: &[],
+};
+
+/// The scheduler extender (`vgpu-scheduler`) and the kube-scheduler beside it.
+pub const SCHEDULER: Component = Component {
+    service_account: "scheduler",
+    rules: &[
+        ApiAccess::cluster(
+            "",
+            "nodes",
+            &["get", "list", "watch"],
+            "the GPU inventory the device plugin writes on each node",
+        ),
+        ApiAccess::cluster(
+            "",
+            "pods",
+            &["get", "list", "watch", "patch"],
+            "what is already placed on each GPU; patch writes the assignment annotation",
+        ),
+        ApiAccess::cluster(
+            "",
+            "pods/binding",
+            &["create"],
+            "bind a pod to the chosen node after writing its assignment",
+        ),
+        ApiAccess::cluster(
+            "",
+            "events",
+            &["create", "patch"],
+            "explain why a pod fits no GPU",
+        ),
+        ApiAccess {
+            group: "coordination.k8s.io",
+            resource: "leases",
+            names: &[],
+            verbs: &["create"],
+            scope: Scope::ReleaseNamespace,
+            why: "kube-scheduler creates its leader-election lease",
+        },
+        ApiAccess {
+            group: "coordination.k8s.io",
+            resource: "leases",
+            names: &[SCHEDULER_NAME_PLACEHOLDER],
+            verbs: &["get", "update"],
+            scope: Scope::ReleaseNamespace,
+            why: "kube-scheduler renews its leader-election lease (named after the profile)",
+        },
+    ],
+    builtin_roles: &[
+        "ClusterRole/system:kube-scheduler",
+        "ClusterRole/system:volume-scheduler",
+        "kube-system/Role/extension-apiserver-authentication-reader",
+    ],
+};
+
+/// The device plugin DaemonSet.
+pub const DEVICE_PLUGIN: Component = Component {
+    service_account: "device-plugin",
+    rules: &[
+        ApiAccess::cluster(
+            "",
+            "nodes",
+            &["get", "patch"],
+            "publish the node's GPU inventory and heartbeat as annotations",
+        ),
+        ApiAccess::cluster(
+            "",
+            "pods",
+            &["get", "list", "watch", "patch"],
+            "find the pod an Allocate call is for and mark its assignment as allocated",
+        ),
+    ],
+    builtin_roles: &[],
+};
+
+/// The certificate Jobs (`vgpu-certs generate --secret --apply` and `inject`).
+pub const CERTS: Component = Component {
+    service_account: "certs",
+    rules: &[
+        ApiAccess {
+            group: "",
+            resource: "secrets",
+            names: &[],
+            verbs: &["create"],
+            scope: Scope::ReleaseNamespace,
+            why: "create the webhook's TLS Secret on first install",
+        },
+        ApiAccess {
+            group: "",
+            resource: "secrets",
+            names: &[SECRET_NAME_PLACEHOLDER],
+            verbs: &["get", "update"],
+            scope: Scope::ReleaseNamespace,
+            why: "read and renew that Secret, and nothing else",
+        },
+        ApiAccess {
+            group: "admissionregistration.k8s.io",
+            resource: "mutatingwebhookconfigurations",
+            names: &[MUTATING_NAME_PLACEHOLDER],
+            verbs: &["get", "patch"],
+            scope: Scope::Cluster,
+            why: "set the caBundle of vgpu's own mutating webhook",
+        },
+        ApiAccess {
+            group: "admissionregistration.k8s.io",
+            resource: "validatingwebhookconfigurations",
+            names: &[VALIDATING_NAME_PLACEHOLDER],
+            verbs: &["get", "patch"],
+            scope: Scope::Cluster,
+            why: "set the caBundle of vgpu's own validating webhook",
+        },
+    ],
+    builtin_roles: &[],
+};
+
+/// Every component.
+pub const ALL: &[Component] = &[WEBHOOK, SCHEDULER, DEVICE_PLUGIN, CERTS];
+
+/// Stands for the chart's `schedulerName` in [`ApiAccess::names`].
+pub const SCHEDULER_NAME_PLACEHOLDER: &str = "{schedulerName}";
+/// Stands for the chart's `certs.secretName`.
+pub const SECRET_NAME_PLACEHOLDER: &str = "{certs.secretName}";
+/// Stands for the chart's MutatingWebhookConfiguration name.
+pub const MUTATING_NAME_PLACEHOLDER: &str = "{mutatingWebhookConfiguration}";
+/// Stands for the chart's ValidatingWebhookConfiguration name.
+pub const VALIDATING_NAME_PLACEHOLDER: &str = "{validatingWebhookConfiguration}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_component_can_read_secrets_cluster_wide_or_escalate() {
+        for c in ALL {
+            for r in c.rules {
+                assert!(
+                    !r.verbs.contains(&"*"),
+                    "{}: wildcard verb",
+                    c.service_account
+                );
+                assert!(!r.why.is_empty());
+                let dangerous = ["escalate", "bind", "impersonate"];
+                assert!(r.verbs.iter().all(|v| !dangerous.contains(v)));
+                if r.resource == "secrets" {
+                    assert_eq!(r.scope, Scope::ReleaseNamespace, "{}", c.service_account);
+                }
+            }
+            assert!(!c.builtin_roles.contains(&"ClusterRole/cluster-admin"));
+        }
+    }
+}

@@ -1,0 +1,118 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "vgpu.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix for every object: the release name, with the chart name unless it already contains it. */}}
+{{- define "vgpu.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "vgpu.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "vgpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: call with (list $ "webhook"). */}}
+{{- define "vgpu.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "vgpu.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* Image reference: call with (list $ .Values.webhook.image). The image's own registry wins over
+global.imageRegistry; the tag defaults to the chart's appVersion. */}}
+{{- define "vgpu.image" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 -}}
+{{- $tag := default $root.Chart.AppVersion $img.tag -}}
+{{- $registry := default $root.Values.global.imageRegistry $img.registry -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler tag: the value, else the cluster's version without any vendor suffix. */}}
+{{- define "vgpu.kubeSchedulerTag" -}}
+{{- if .Values.scheduler.kubeScheduler.imageTag -}}
+{{- .Values.scheduler.kubeScheduler.imageTag -}}
+{{- else -}}
+{{- regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vgpu.webhookService" -}}{{ include "vgpu.fullname" . }}-webhook{{- end -}}
+{{- define "vgpu.webhookTlsSecret" -}}{{ .Values.certs.secretName }}{{- end -}}
+{{- define "vgpu.mutatingName" -}}{{ include "vgpu.fullname" . }}-mutate{{- end -}}
+{{- define "vgpu.validatingName" -}}{{ include "vgpu.fullname" . }}-validate{{- end -}}
+
+{{/* CEL: true when any container or init container asks for a vGPU resource (limits or requests). */}}
+{{- define "vgpu.requestsVgpu" -}}
+{{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores -}}
+{{- $quoted := list -}}
+{{- range $names }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end -}}
+(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && [{{ join ", " $quoted }}].exists(r, (has(c.resources.limits) && r in c.resources.limits) || (has(c.resources.requests) && r in c.resources.requests)))
+{{- end -}}
+
+{{/* caBundle for the webhook configurations, by certs.mode. */}}
+{{- define "vgpu.caBundle" -}}
+{{- if eq .Values.certs.mode "provided" -}}
+{{- required "certs.caBundle (base64 PEM) is required when certs.mode=provided" .Values.certs.caBundle -}}
+{{- else if eq .Values.certs.mode "job" -}}
+{{- /* On upgrade, keep the CA the Job made (the post-upgrade Job re-injects it anyway). */ -}}
+{{- $s := lookup "v1" "Secret" .Release.Namespace .Values.certs.secretName -}}
+{{- if and $s $s.data -}}{{- index $s.data "ca.crt" | default "" -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vgpu.checkValues" -}}
+{{- if not (has .Values.certs.mode (list "job" "cert-manager" "provided")) -}}
+{{- fail (printf "certs.mode must be job, cert-manager or provided, not %q" .Values.certs.mode) -}}
+{{- end -}}
+{{- if lt (int .Values.devicePlugin.deviceSplitCount) 1 -}}
+{{- fail "devicePlugin.deviceSplitCount must be at least 1" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod of the renew/inject Job and CronJob: generate (renews if due) then inject the CA. */}}
+{{- define "vgpu.certsPod" -}}
+{{- $root := index . 0 -}}
+spec:
+  serviceAccountName: {{ index . 1 }}
+  restartPolicy: OnFailure
+  securityContext:
+    {{- toYaml (index . 5) | nindent 4 }}
+  initContainers:
+    - name: generate
+      image: {{ index . 2 }}
+      imagePullPolicy: {{ $root.Values.imagePullPolicy }}
+      args:
+        {{- toYaml (index . 3) | nindent 8 }}
+      securityContext:
+        {{- toYaml (index . 6) | nindent 8 }}
+      volumeMounts:
+        - {name: certs, mountPath: /certs}
+  containers:
+    - name: inject
+      image: {{ index . 2 }}
+      imagePullPolicy: {{ $root.Values.imagePullPolicy }}
+      args:
+        {{- toYaml (index . 4) | nindent 8 }}
+      securityContext:
+        {{- toYaml (index . 6) | nindent 8 }}
+      volumeMounts:
+        - {name: certs, mountPath: /certs, readOnly: true}
+  volumes:
+    - {name: certs, emptyDir: {medium: Memory}}
+{{- end -}}

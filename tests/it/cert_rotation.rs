@@ -1,0 +1,130 @@
+//! Certificate rotation under load: the real `vgpu-webhook` serves files laid out the way the
+//! kubelet lays out a Secret volume, the files are replaced the way the kubelet replaces them, and
+//! a client that keeps one connection busy the whole time sees no failure.
+
+use serde_json::json;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vgpu_tests::certs::{trusting, TestPki};
+use vgpu_tests::https;
+use vgpu_tests::process::Running;
+
+/// Writes a pair the way the kubelet's atomic writer updates a Secret volume: the files go into a
+/// fresh timestamped directory, a temporary `..data_tmp` symlink points at it and is renamed over
+/// `..data`, so readers see either the whole old set or the whole new one. `tls.crt` and `tls.key`
+/// in the volume root are symlinks through `..data` (made once).
+fn kubelet_write(volume: &Path, generation: u32, cert: &str, key: &str) {
+    let dir_name = format!("..2026_12_03_00_00_0{generation}.000000001");
+    let dir = volume.join(&dir_name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), cert).unwrap();
+    std::fs::write(dir.join("tls.key"), key).unwrap();
+    let tmp = volume.join("..data_tmp");
+    std::os::unix::fs::symlink(&dir_name, &tmp).unwrap();
+    std::fs::rename(&tmp, volume.join("..data")).unwrap();
+    for f in ["tls.crt", "tls.key"] {
+        let link = volume.join(f);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{f}"), &link).unwrap();
+        }
+    }
+}
+
+fn review_body() -> Vec<u8> {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "rotation", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a", "operation": "CREATE", "dryRun": false,
+        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}}]}}}})
+    .to_string()
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_keeps_a_busy_keep_alive_connection_and_serves_the_new_certificate() {
+    let volume = tempfile::tempdir().unwrap();
+    let old = TestPki::new(&[]);
+    let new = TestPki::new(&[]);
+    kubelet_write(volume.path(), 1, &old.cert_pem, &old.key_pem);
+
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-webhook"));
+    cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(volume.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(volume.path().join("tls.key"));
+    let mut proc = Running::spawn("vgpu-webhook", cmd);
+    let line = proc.wait_for_line(Duration::from_secs(20), |l| l.contains("listening addr="));
+    let addr: std::net::SocketAddr = line.rsplit("addr=").next().unwrap().trim().parse().unwrap();
+    // The client trusts both CAs, as a caBundle carrying old and new does during a rotation.
+    let tls = Arc::new(trusting(&[&old, &new]));
+
+    // One connection, kept busy for the whole rotation.
+    let mut conn = https::connect(addr, tls.clone()).await.unwrap();
+    assert_eq!(conn.peer_leaf, old.leaf_der());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let busy = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match conn.send("POST", "/mutate", review_body()).await {
+                    Ok(r) if r.status == 200 && r.json()["response"]["allowed"] == true => {
+                        ok.fetch_add(1, Ordering::Relaxed)
+                    }
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+            conn
+        })
+    };
+    vgpu_tests::wait_for_async(Duration::from_secs(10), "requests before the swap", || {
+        let n = ok.load(Ordering::Relaxed);
+        async move { (n >= 20).then_some(()) }
+    })
+    .await;
+
+    kubelet_write(volume.path(), 2, &new.cert_pem, &new.key_pem);
+    // New handshakes get the new certificate once the watcher has reloaded.
+    let new_leaf = new.leaf_der();
+    vgpu_tests::wait_for_async(Duration::from_secs(10), "the new certificate", || {
+        let (tls, new_leaf) = (tls.clone(), new_leaf.clone());
+        async move {
+            let c = https::connect(addr, tls).await.ok()?;
+            (c.peer_leaf == new_leaf).then_some(())
+        }
+    })
+    .await;
+    proc.wait_for_line(Duration::from_secs(5), |l| {
+        l.contains("serving a new certificate")
+    });
+
+    // A broken pair (a key that does not match) is refused, and the new certificate keeps serving.
+    let stranger = TestPki::new(&[]);
+    kubelet_write(volume.path(), 3, &new.cert_pem, &stranger.key_pem);
+    proc.wait_for_line(Duration::from_secs(10), |l| {
+        l.contains("new certificate refused")
+    });
+    let c = https::connect(addr, tls.clone()).await.unwrap();
+    assert_eq!(c.peer_leaf, new_leaf, "a broken pair replaced the good one");
+
+    let before_stop = ok.load(Ordering::Relaxed);
+    vgpu_tests::wait_for_async(Duration::from_secs(10), "requests after the swap", || {
+        let n = ok.load(Ordering::Relaxed);
+        async move { (n >= before_stop + 20).then_some(()) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let conn = busy.await.unwrap();
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed during rotation"
+    );
+    // The busy connection is the one opened before the swap: it kept its negotiated keys.
+    assert_eq!(conn.peer_leaf, old.leaf_der());
+}

@@ -1,0 +1,767 @@
+//! The Helm chart, rendered by a real `helm` binary with several values sets and checked offline:
+//! every document parses and round-trips through the typed Kubernetes API structs (so a misplaced
+//! or misspelt field fails), kinds exist in Kubernetes 1.28+, selectors select, the webhook
+//! configurations point at the Service and carry (or receive) the CA, their CEL match condition
+//! selects exactly the vGPU pods, and RBAC grants exactly what `vgpu_core::rbac` lists.
+//!
+//! `helm` is found through `$HELM`, then `.ci/tools/bin/helm` (what `.ci/run` installs), then
+//! `PATH`. Without one the test says so and passes, unless `VGPU_REQUIRE_HELM` is set (CI sets it).
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use vgpu_core::rbac::{self, Scope};
+
+const RELEASE: &str = "vgpu";
+const NAMESPACE: &str = "vgpu-system";
+const KUBE_VERSION: &str = "1.28.3";
+
+fn helm() -> Option<PathBuf> {
+    if let Ok(h) = std::env::var("HELM") {
+        return Some(PathBuf::from(h));
+    }
+    let ci = vgpu_tests::repo_root().join(".ci/tools/bin/helm");
+    if ci.exists() {
+        return Some(ci);
+    }
+    Command::new("helm")
+        .arg("version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| PathBuf::from("helm"))
+}
+
+/// Renders the chart with `--set` pairs and returns its documents as JSON values.
+fn render(helm: &PathBuf, sets: &[&str]) -> Vec<Value> {
+    let chart = vgpu_tests::repo_root().join("helm/vgpu");
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", RELEASE]).arg(&chart).args([
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        KUBE_VERSION,
+    ]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm template {sets:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8 output");
+    let mut docs = Vec::new();
+    for de in serde_yaml::Deserializer::from_str(&text) {
+        let v: serde_yaml::Value = serde::Deserialize::deserialize(de)
+            .unwrap_or_else(|e| panic!("{sets:?}: a document does not parse: {e}"));
+        if v.is_null() {
+            continue;
+        }
+        docs.push(serde_json::to_value(v).expect("YAML to JSON"));
+    }
+    docs
+}
+
+/// Deserializes into the typed struct and serializes back: any field the API does not know (or
+/// that sits at the wrong level, or has the wrong type) is lost or fails, and the comparison shows it.
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Value {
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", doc["kind"], doc["metadata"]["name"]));
+    serde_json::to_value(typed).expect("serialize")
+}
+
+fn check_typed(doc: &Value) {
+    use k8s_openapi::api::{
+        admissionregistration::v1 as adm, apps::v1 as apps, batch::v1 as batch, core::v1 as core,
+        policy::v1 as policy, rbac::v1 as rbac_v1,
+    };
+    let api = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let back = match (api, kind) {
+        ("v1", "ServiceAccount") => round_trip::<core::ServiceAccount>(doc),
+        ("v1", "ConfigMap") => round_trip::<core::ConfigMap>(doc),
+        ("v1", "Service") => round_trip::<core::Service>(doc),
+        ("apps/v1", "Deployment") => round_trip::<apps::Deployment>(doc),
+        ("apps/v1", "DaemonSet") => round_trip::<apps::DaemonSet>(doc),
+        ("policy/v1", "PodDisruptionBudget") => round_trip::<policy::PodDisruptionBudget>(doc),
+        ("batch/v1", "Job") => round_trip::<batch::Job>(doc),
+        ("batch/v1", "CronJob") => round_trip::<batch::CronJob>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<rbac_v1::ClusterRole>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            round_trip::<rbac_v1::ClusterRoleBinding>(doc)
+        }
+        ("rbac.authorization.k8s.io/v1", "Role") => round_trip::<rbac_v1::Role>(doc),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trip::<rbac_v1::RoleBinding>(doc),
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
+            round_trip::<adm::MutatingWebhookConfiguration>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            round_trip::<adm::ValidatingWebhookConfiguration>(doc)
+        }
+        // cert-manager's CRDs (not in k8s-openapi): only these kinds are expected.
+        ("cert-manager.io/v1", "Issuer" | "Certificate") => return,
+        other => panic!("unexpected kind {other:?}: not a stable API of Kubernetes 1.28+"),
+    };
+    assert_eq!(
+        normalize(doc.clone()),
+        normalize(back),
+        "{kind} {} has fields the API does not know",
+        doc["metadata"]["name"]
+    );
+}
+
+/// Drops empty objects/arrays and nulls, which typed serialization may omit.
+fn normalize(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (k, normalize(v)))
+                .filter(|(_, v)| !is_empty(v))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(normalize).collect()),
+        other => other,
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+struct Chart {
+    docs: Vec<Value>,
+}
+
+impl Chart {
+    fn all(&self, kind: &str) -> impl Iterator<Item = &Value> {
+        let kind = kind.to_string();
+        self.docs.iter().filter(move |d| d["kind"] == kind.as_str())
+    }
+
+    fn get(&self, kind: &str, name: &str) -> &Value {
+        self.all(kind)
+            .find(|d| d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the chart"))
+    }
+
+    fn workloads(&self) -> Vec<(&Value, &Value)> {
+        let mut out = Vec::new();
+        for d in &self.docs {
+            let tmpl = match d["kind"].as_str() {
+                Some("Deployment" | "DaemonSet" | "Job") => &d["spec"]["template"],
+                Some("CronJob") => &d["spec"]["jobTemplate"]["spec"]["template"],
+                _ => continue,
+            };
+            out.push((d, tmpl));
+        }
+        out
+    }
+
+    fn container<'a>(&'a self, kind: &str, name: &str, container: &str) -> &'a Value {
+        self.get(kind, name)["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == container))
+            .unwrap_or_else(|| panic!("{kind} {name} has no container {container}"))
+    }
+}
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .is_some_and(|sel| !sel.is_empty() && sel.iter().all(|(k, v)| &labels[k] == v))
+}
+
+/// The generic checks every values set must pass.
+fn check_common(chart: &Chart) {
+    for d in &chart.docs {
+        check_typed(d);
+    }
+    let service_accounts: BTreeSet<&str> = chart
+        .all("ServiceAccount")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    for (w, tmpl) in chart.workloads() {
+        let name = &w["metadata"]["name"];
+        let labels = &tmpl["metadata"]["labels"];
+        if w["kind"] == "Deployment" || w["kind"] == "DaemonSet" {
+            assert!(
+                selects(&w["spec"]["selector"]["matchLabels"], labels),
+                "{name}: selector does not match its pod labels"
+            );
+        }
+        let sa = tmpl["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no serviceAccountName"));
+        assert!(
+            service_accounts.contains(sa),
+            "{name}: ServiceAccount {sa} missing"
+        );
+        if let Some(terms) = tmpl["spec"]["affinity"]["podAntiAffinity"]
+            ["preferredDuringSchedulingIgnoredDuringExecution"]
+            .as_array()
+        {
+            for t in terms {
+                assert!(
+                    selects(
+                        &t["podAffinityTerm"]["labelSelector"]["matchLabels"],
+                        labels
+                    ),
+                    "{name}: anti-affinity does not select its own replicas"
+                );
+            }
+        }
+        for c in tmpl["spec"]["containers"].as_array().into_iter().flatten() {
+            assert_eq!(
+                c["securityContext"]["allowPrivilegeEscalation"], false,
+                "{name}/{}: privilege escalation allowed",
+                c["name"]
+            );
+            assert_ne!(
+                c["securityContext"]["privileged"], true,
+                "{name}: privileged"
+            );
+        }
+    }
+    for s in chart.all("Service") {
+        assert!(
+            chart
+                .workloads()
+                .iter()
+                .any(|(_, t)| selects(&s["spec"]["selector"], &t["metadata"]["labels"])),
+            "Service {} selects no pods",
+            s["metadata"]["name"]
+        );
+        for p in s["spec"]["ports"].as_array().into_iter().flatten() {
+            let target = p["targetPort"].as_str().unwrap_or_default();
+            assert!(
+                chart.workloads().iter().any(|(_, t)| {
+                    selects(&s["spec"]["selector"], &t["metadata"]["labels"])
+                        && t["spec"]["containers"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+                            .any(|cp| cp["name"] == target)
+                }),
+                "Service {} targets port {target} that no selected container names",
+                s["metadata"]["name"]
+            );
+        }
+    }
+    for pdb in chart.all("PodDisruptionBudget") {
+        assert!(chart.workloads().iter().any(|(_, t)| selects(
+            &pdb["spec"]["selector"]["matchLabels"],
+            &t["metadata"]["labels"]
+        )));
+    }
+    check_rbac(chart);
+}
+
+/// One granted verb: (scope, group, resource, names, verb).
+type Grant = (String, String, String, Vec<String>, String);
+
+fn grants_of(rules: &Value, scope: &str) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for r in rules.as_array().into_iter().flatten() {
+        let list = |k: &str| -> Vec<String> {
+            let mut v: Vec<String> = r[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect();
+            v.sort();
+            v
+        };
+        for g in list("apiGroups") {
+            for res in list("resources") {
+                for verb in list("verbs") {
+                    out.insert((
+                        scope.into(),
+                        g.clone(),
+                        res.clone(),
+                        list("resourceNames"),
+                        verb,
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check_rbac(chart: &Chart) {
+    let placeholders: BTreeMap<&str, String> = [
+        (
+            rbac::SCHEDULER_NAME_PLACEHOLDER,
+            chart_value(chart, "schedulerName"),
+        ),
+        (
+            rbac::SECRET_NAME_PLACEHOLDER,
+            chart_value(chart, "secretName"),
+        ),
+        (rbac::MUTATING_NAME_PLACEHOLDER, format!("{RELEASE}-mutate")),
+        (
+            rbac::VALIDATING_NAME_PLACEHOLDER,
+            format!("{RELEASE}-validate"),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    for component in rbac::ALL {
+        let sa = format!("{RELEASE}-{}", component.service_account);
+        if chart
+            .all("ServiceAccount")
+            .all(|d| d["metadata"]["name"] != sa.as_str())
+        {
+            // The certs ServiceAccount exists only with certs.mode=job.
+            assert_eq!(
+                component.service_account, "certs",
+                "ServiceAccount {sa} missing"
+            );
+            continue;
+        }
+        let mut granted = BTreeSet::new();
+        let mut builtin = BTreeSet::new();
+        for b in chart
+            .docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+        {
+            let bound = b["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == sa.as_str()
+                    && s["namespace"] == NAMESPACE
+            });
+            if !bound {
+                continue;
+            }
+            let role_kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
+            let role_name = b["roleRef"]["name"].as_str().unwrap_or_default();
+            let binding_ns = b["metadata"]["namespace"].as_str();
+            let role = chart.all(role_kind).find(|r| {
+                r["metadata"]["name"] == role_name
+                    && (role_kind == "ClusterRole"
+                        || r["metadata"]["namespace"].as_str() == binding_ns)
+            });
+            let Some(role) = role else {
+                builtin.insert(match role_kind {
+                    "ClusterRole" => format!("ClusterRole/{role_name}"),
+                    _ => format!("{}/Role/{role_name}", binding_ns.unwrap_or_default()),
+                });
+                continue;
+            };
+            let scope = match (b["kind"].as_str(), binding_ns) {
+                (Some("ClusterRoleBinding"), _) => "Cluster",
+                (_, Some(NAMESPACE)) => "ReleaseNamespace",
+                (_, ns) => panic!("{sa} has its own Role bound in namespace {ns:?}"),
+            };
+            granted.extend(grants_of(&role["rules"], scope));
+        }
+        let mut expected = BTreeSet::new();
+        for a in component.rules {
+            let scope = match a.scope {
+                Scope::Cluster => "Cluster",
+                Scope::ReleaseNamespace => "ReleaseNamespace",
+            };
+            let mut names: Vec<String> = a
+                .names
+                .iter()
+                .map(|n| {
+                    placeholders
+                        .get(n)
+                        .cloned()
+                        .unwrap_or_else(|| n.to_string())
+                })
+                .collect();
+            names.sort();
+            for v in a.verbs {
+                expected.insert((
+                    scope.to_string(),
+                    a.group.to_string(),
+                    a.resource.to_string(),
+                    names.clone(),
+                    v.to_string(),
+                ));
+            }
+        }
+        assert_eq!(
+            granted, expected,
+            "RBAC of {sa} differs from vgpu_core::rbac"
+        );
+        let expected_builtin: BTreeSet<String> = component
+            .builtin_roles
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(builtin, expected_builtin, "built-in roles bound to {sa}");
+    }
+}
+
+/// Values the chart was rendered with, read back from what it rendered.
+fn chart_value(chart: &Chart, key: &str) -> String {
+    match key {
+        "schedulerName" => {
+            let cm = chart.get("ConfigMap", &format!("{RELEASE}-scheduler"));
+            let cfg: Value =
+                serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+            cfg["profiles"][0]["schedulerName"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+        "secretName" => {
+            let d = chart.get("Deployment", &format!("{RELEASE}-webhook"));
+            d["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "tls")
+                .unwrap()["secret"]["secretName"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// Evaluates a webhook's CEL match condition against a pod, as the API server does.
+fn matches(expression: &str, pod: &Value) -> bool {
+    let program = cel::Program::compile(expression)
+        .unwrap_or_else(|e| panic!("matchCondition does not compile: {e}\n{expression}"));
+    let mut ctx = cel::Context::default();
+    ctx.add_variable("object", pod.clone()).unwrap();
+    match program.execute(&ctx) {
+        Ok(cel::Value::Bool(b)) => b,
+        other => panic!("matchCondition gave {other:?} for {pod}"),
+    }
+}
+
+fn pod(containers: Value, init: Option<Value>) -> Value {
+    let mut spec = json!({"containers": containers});
+    if let Some(i) = init {
+        spec["initContainers"] = i;
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec})
+}
+
+/// Checks the two webhook configurations against the Service, the CA and the resource names.
+fn check_webhooks(chart: &Chart, resource: &str, mem: &str) {
+    let svc = chart.get("Service", &format!("{RELEASE}-webhook"));
+    for (kind, name, path) in [
+        (
+            "MutatingWebhookConfiguration",
+            format!("{RELEASE}-mutate"),
+            "/mutate",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            format!("{RELEASE}-validate"),
+            "/validate",
+        ),
+    ] {
+        let cfg = chart.get(kind, &name);
+        let hooks = cfg["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 1);
+        let w = &hooks[0];
+        let target = &w["clientConfig"]["service"];
+        assert_eq!(
+            target["name"], svc["metadata"]["name"],
+            "{kind}: wrong Service"
+        );
+        assert_eq!(target["namespace"], NAMESPACE);
+        assert_eq!(target["path"], path);
+        assert!(svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == target["port"]));
+        assert_eq!(w["admissionReviewVersions"], json!(["v1"]));
+        assert_eq!(w["sideEffects"], "NoneOnDryRun");
+        assert_eq!(w["timeoutSeconds"], 5);
+        assert_eq!(w["failurePolicy"], "Fail");
+        assert_eq!(w["namespaceSelector"]["matchLabels"]["vgpu"], "enabled");
+        if kind.starts_with("Mutating") {
+            assert_eq!(w["reinvocationPolicy"], "IfNeeded");
+        }
+        let cel = w["matchConditions"][0]["expression"].as_str().unwrap();
+        let limits =
+            |r: &str| json!([{"name": "c", "image": "i", "resources": {"limits": {r: "1"}}}]);
+        assert!(
+            matches(cel, &pod(limits(resource), None)),
+            "{kind}: gpu pod not matched"
+        );
+        assert!(matches(
+            cel,
+            &pod(
+                json!([{"name": "c", "image": "i", "resources": {"requests": {mem: "4096"}}}]),
+                None
+            )
+        ));
+        assert!(matches(
+            cel,
+            &pod(json!([{"name": "c", "image": "i"}]), Some(limits(resource)))
+        ));
+        assert!(!matches(
+            cel,
+            &pod(json!([{"name": "c", "image": "i"}]), None)
+        ));
+        assert!(
+            !matches(cel, &pod(limits("cpu"), None)),
+            "{kind}: blocks non-GPU pods"
+        );
+        assert!(!matches(
+            cel,
+            &pod(
+                json!([{"name": "c", "image": "i", "resources": {}}]),
+                Some(json!([]))
+            )
+        ));
+    }
+}
+
+fn ca_bundle(chart: &Chart, kind: &str, name: &str) -> Value {
+    chart.get(kind, name)["webhooks"][0]["clientConfig"]["caBundle"].clone()
+}
+
+#[test]
+fn chart_renders_and_wires_up_for_every_values_set() {
+    let Some(helm) = helm() else {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_HELM").is_none(),
+            "VGPU_REQUIRE_HELM is set but no helm binary was found"
+        );
+        eprintln!(
+            "SKIPPED: no helm binary ($HELM, .ci/tools/bin/helm or PATH); run .ci/install-tools"
+        );
+        return;
+    };
+    let mutate = format!("{RELEASE}-mutate");
+    let validate = format!("{RELEASE}-validate");
+
+    // Defaults: certificates from the Jobs.
+    let chart = Chart {
+        docs: render(&helm, &[]),
+    };
+    check_common(&chart);
+    check_webhooks(&chart, "nvidia.com/gpu", "nvidia.com/gpumem");
+    let inject = args(chart.container("Job", "vgpu-certs-inject", "inject"));
+    assert!(
+        inject.contains(&format!("--webhook={mutate}"))
+            && inject.contains(&format!("--webhook={validate}"))
+    );
+    let generate =
+        args(&chart.get("Job", "vgpu-certs-generate")["spec"]["template"]["spec"]["containers"][0]);
+    assert!(
+        generate.contains(&"--service=vgpu-webhook".to_string()),
+        "{generate:?}"
+    );
+    assert!(generate.contains(&"--namespace=vgpu-system".to_string()));
+    assert!(generate.contains(&"--secret=vgpu-webhook-tls".to_string()));
+    let hooks = &chart.get("Job", "vgpu-certs-generate")["metadata"]["annotations"]["helm.sh/hook"];
+    assert_eq!(
+        hooks, "pre-install,pre-upgrade",
+        "the Secret must exist before the webhook pods"
+    );
+    assert!(chart
+        .all("CronJob")
+        .any(|c| c["metadata"]["name"] == "vgpu-certs-renew"));
+    let dp = args(chart.container("DaemonSet", "vgpu-device-plugin", "device-plugin"));
+    assert!(dp.contains(&"--split-count=10".to_string()), "{dp:?}");
+    let ds = chart.get("DaemonSet", "vgpu-device-plugin");
+    assert_eq!(ds["spec"]["template"]["spec"]["nodeSelector"]["gpu"], "on");
+    let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
+    assert_eq!(ks["image"], format!("kube-scheduler:v{KUBE_VERSION}"));
+    let sched_cfg: Value = serde_yaml::from_str(
+        chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sched_cfg["profiles"][0]["schedulerName"], "vgpu-scheduler");
+    assert_eq!(sched_cfg["leaderElection"]["leaderElect"], true);
+    let managed: Vec<&str> = sched_cfg["extenders"][0]["managedResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        managed,
+        [
+            "nvidia.com/gpu",
+            "nvidia.com/gpumem",
+            "nvidia.com/gpumem-percentage",
+            "nvidia.com/gpucores"
+        ]
+    );
+    let extender = args(chart.container("Deployment", "vgpu-scheduler", "vgpu-scheduler"));
+    let port = sched_cfg["extenders"][0]["urlPrefix"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        extender.contains(&format!("--listen=127.0.0.1:{port}")),
+        "{extender:?}"
+    );
+    let webhook_cfg = chart.get("ConfigMap", "vgpu-webhook")["data"]["config.yaml"]
+        .as_str()
+        .unwrap();
+    let parsed =
+        vgpu_webhook::config::ConfigFile::parse(webhook_cfg, std::path::Path::new("config.yaml"))
+            .unwrap_or_else(|e| panic!("the webhook would refuse the chart's config: {e}"));
+    assert_eq!(parsed.resource_names.gpu, "nvidia.com/gpu");
+
+    // cert-manager: no Jobs, cert-manager injects the CA into both configurations.
+    let chart = Chart {
+        docs: render(&helm, &["certs.mode=cert-manager"]),
+    };
+    check_common(&chart);
+    check_webhooks(&chart, "nvidia.com/gpu", "nvidia.com/gpumem");
+    assert_eq!(chart.all("Job").count() + chart.all("CronJob").count(), 0);
+    let cert = chart.get("Certificate", "vgpu-webhook");
+    assert_eq!(cert["spec"]["secretName"], "vgpu-webhook-tls");
+    assert!(cert["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("vgpu-webhook.vgpu-system.svc")));
+    assert_eq!(cert["spec"]["renewBefore"], "720h");
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", &mutate),
+        ("ValidatingWebhookConfiguration", &validate),
+    ] {
+        assert_eq!(
+            chart.get(kind, name)["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "vgpu-system/vgpu-webhook"
+        );
+    }
+
+    // Provided certificates, renamed resources, a mirror registry, other split count.
+    let chart = Chart {
+        docs: render(
+            &helm,
+            &[
+                "certs.mode=provided",
+                "certs.caBundle=Q0E=",
+                "certs.secretName=my-tls",
+                "resourceName=example.com/vgpu",
+                "resourceMem=example.com/vgpu-memory",
+                "schedulerName=gpu-sharing",
+                "global.imageRegistry=mirror.example",
+                "devicePlugin.deviceSplitCount=4",
+                "scheduler.kubeScheduler.imageTag=v1.31.0",
+            ],
+        ),
+    };
+    check_common(&chart);
+    check_webhooks(&chart, "example.com/vgpu", "example.com/vgpu-memory");
+    assert_eq!(
+        ca_bundle(&chart, "MutatingWebhookConfiguration", &mutate),
+        "Q0E="
+    );
+    assert_eq!(
+        ca_bundle(&chart, "ValidatingWebhookConfiguration", &validate),
+        "Q0E="
+    );
+    let dp = chart.container("DaemonSet", "vgpu-device-plugin", "device-plugin");
+    assert!(args(dp).contains(&"--split-count=4".to_string()));
+    assert!(args(dp).contains(&"--resource-name=example.com/vgpu".to_string()));
+    assert_eq!(dp["image"], "mirror.example/vgpu/vgpu-device-plugin:0.1.0");
+    let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
+    assert_eq!(ks["image"], "mirror.example/kube-scheduler:v1.31.0");
+    let wh = args(chart.container("Deployment", "vgpu-webhook", "webhook"));
+    assert!(wh.contains(&"--scheduler-name=gpu-sharing".to_string()));
+}
+
+#[test]
+fn chart_refuses_values_that_cannot_work() {
+    let Some(helm) = helm() else {
+        eprintln!("SKIPPED: no helm binary");
+        return;
+    };
+    let chart = vgpu_tests::repo_root().join("helm/vgpu");
+    for (set, message) in [
+        (
+            "certs.mode=bogus",
+            "certs.mode must be job, cert-manager or provided",
+        ),
+        (
+            "certs.mode=provided",
+            "certs.caBundle (base64 PEM) is required",
+        ),
+        (
+            "devicePlugin.deviceSplitCount=0",
+            "deviceSplitCount must be at least 1",
+        ),
+    ] {
+        let out = Command::new(&helm)
+            .args(["template", RELEASE])
+            .arg(&chart)
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{set} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(message), "{set}: {err}");
+    }
+}
+
+#[test]
+fn install_doc_lists_exactly_the_rbac_in_code() {
+    let doc = std::fs::read_to_string(vgpu_tests::repo_root().join("docs/install.md")).unwrap();
+    let rows: BTreeSet<String> = doc
+        .lines()
+        .filter(|l| {
+            l.starts_with("| ")
+                && l.matches(" | ").count() == 5
+                && !l.starts_with("| ServiceAccount")
+        })
+        .map(String::from)
+        .collect();
+    let mut expected = BTreeSet::new();
+    for c in rbac::ALL {
+        for a in c.rules {
+            let group = if a.group.is_empty() { "core" } else { a.group };
+            let scope = match a.scope {
+                Scope::Cluster => "Cluster",
+                Scope::ReleaseNamespace => "ReleaseNamespace",
+            };
+            expected.insert(format!(
+                "| {} | {group} | {} | {} | {scope} | {} |",
+                c.service_account,
+                a.resource,
+                a.verbs.join(", "),
+                a.why
+            ));
+        }
+    }
+    assert_eq!(
+        rows, expected,
+        "docs/install.md RBAC table differs from vgpu_core::rbac"
+    );
+}
