@@ -73,6 +73,10 @@ real_table! {
     cuCtxGetDevice: fn(*mut c_int);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
+    cuMemAllocAsync: fn(*mut CUdeviceptr, usize, *mut c_void);
+    cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, *mut c_void);
+    cuMemFreeAsync: fn(CUdeviceptr, *mut c_void);
+    cuMemFreeAsync_ptsz: fn(CUdeviceptr, *mut c_void);
     cuMemFree_v2: fn(CUdeviceptr);
     cuMemGetInfo_v2: fn(*mut usize, *mut usize);
     cuDeviceTotalMem_v2: fn(*mut usize, c_int);
@@ -348,6 +352,58 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     })
 }
 
+/// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemAllocAsync);
+        // SAFETY: forwarding the caller's arguments.
+        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
+    })
+}
+
+/// `cuMemAllocAsync_ptsz` (per-thread default stream).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemAllocAsync_ptsz);
+        // SAFETY: forwarding the caller's arguments.
+        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
+    })
+}
+
+/// `cuMemFreeAsync`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemFreeAsync);
+        // SAFETY: forwarding the caller's arguments.
+        h.free(p, || unsafe { f(p, stream) })
+    })
+}
+
+/// `cuMemFreeAsync_ptsz`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemFreeAsync_ptsz);
+        // SAFETY: forwarding the caller's arguments.
+        h.free(p, || unsafe { f(p, stream) })
+    })
+}
+
 /// `cuMemFree_v2`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
@@ -443,6 +499,10 @@ fn wrapper(name: &[u8]) -> Option<*mut c_void> {
         b"cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
         b"cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
         b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
+        b"cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
+        b"cuMemAllocAsync_ptsz" => cuMemAllocAsync_ptsz as *mut c_void,
+        b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
+        b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
         b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
         b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
         b"cuLaunchKernel" => cuLaunchKernel as *mut c_void,
@@ -454,7 +514,9 @@ fn wrapper(name: &[u8]) -> Option<*mut c_void> {
 
 /// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory calls
 /// since CUDA 3.2, `cuGetProcAddress_v2` since 12.0.
-fn versioned(base: &[u8], version: c_int) -> Vec<u8> {
+fn versioned(base: &[u8], version: c_int, flags: u64) -> Vec<u8> {
+    // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2 selects the `_ptsz` entry of stream calls.
+    const PTSZ: &[&[u8]] = &[b"cuMemAllocAsync", b"cuMemFreeAsync"];
     const V2: &[&[u8]] = &[
         b"cuMemAlloc",
         b"cuMemFree",
@@ -465,6 +527,8 @@ fn versioned(base: &[u8], version: c_int) -> Vec<u8> {
     if (V2.contains(&base) && version >= 3020) || (base == b"cuGetProcAddress" && version >= 12000)
     {
         n.extend_from_slice(b"_v2");
+    } else if PTSZ.contains(&base) && flags & 2 != 0 {
+        n.extend_from_slice(b"_ptsz");
     }
     n
 }
@@ -473,6 +537,7 @@ fn proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
+    flags: u64,
     r: CUresult,
 ) -> CUresult {
     if r != CUDA_SUCCESS || symbol.is_null() || pfn.is_null() {
@@ -480,7 +545,7 @@ fn proc_address(
     }
     // SAFETY: checked non-null; the caller passes a NUL-terminated name.
     let base = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(w) = wrapper(&versioned(base, version)) {
+    if let Some(w) = wrapper(&versioned(base, version, flags)) {
         // SAFETY: checked non-null.
         unsafe { *pfn = w };
     }
@@ -501,7 +566,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
         let f = real_or!(h, cuGetProcAddress);
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(symbol, pfn, version, flags) };
-        proc_address(symbol, pfn, version, r)
+        proc_address(symbol, pfn, version, flags, r)
     })
 }
 
@@ -519,7 +584,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         let f = real_or!(h, cuGetProcAddress_v2);
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(symbol, pfn, version, flags, status) };
-        proc_address(symbol, pfn, version, r)
+        proc_address(symbol, pfn, version, flags, r)
     })
 }
 
@@ -556,14 +621,22 @@ mod tests {
 
     #[test]
     fn proc_address_names_follow_the_cuda_version() {
-        assert_eq!(versioned(b"cuMemAlloc", 12040), b"cuMemAlloc_v2");
-        assert_eq!(versioned(b"cuMemAlloc", 3000), b"cuMemAlloc");
+        assert_eq!(versioned(b"cuMemAlloc", 12040, 0), b"cuMemAlloc_v2");
+        assert_eq!(versioned(b"cuMemAlloc", 3000, 0), b"cuMemAlloc");
         assert_eq!(
-            versioned(b"cuGetProcAddress", 12000),
+            versioned(b"cuGetProcAddress", 12000, 0),
             b"cuGetProcAddress_v2"
         );
-        assert_eq!(versioned(b"cuGetProcAddress", 11030), b"cuGetProcAddress");
-        assert_eq!(versioned(b"cuLaunchKernel", 12040), b"cuLaunchKernel");
+        assert_eq!(
+            versioned(b"cuGetProcAddress", 11030, 0),
+            b"cuGetProcAddress"
+        );
+        assert_eq!(versioned(b"cuLaunchKernel", 12040, 0), b"cuLaunchKernel");
+        assert_eq!(
+            versioned(b"cuMemAllocAsync", 12040, 2),
+            b"cuMemAllocAsync_ptsz"
+        );
+        assert_eq!(versioned(b"cuMemAllocAsync", 12040, 1), b"cuMemAllocAsync");
         assert!(wrapper(b"cuMemAlloc_v2").is_some());
         assert!(wrapper(b"cuMemcpy").is_none());
     }

@@ -2,8 +2,10 @@
  * one of three lookup paths, from a little script on the command line, printing one line per step.
  *   probe MODE STEP...      MODE: direct (linked -lcuda) | procaddr (cuGetProcAddress_v2) | dlsym (dlopen+dlsym)
  *   STEP: init | ctx:DEV | alloc:BYTES[m] | free:INDEX | info | total:DEV | launch:N | count
+ *         | stress:THREADS:ITERS:SEED (random alloc/free of up to 64 MiB on device 0) | peak:DEV
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, int);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
 static struct {
@@ -27,6 +30,7 @@ static struct {
     CUresult (*info)(size_t *, size_t *);
     CUresult (*total)(size_t *, int);
     CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, void *);
 } f;
 
 static void *lookup(const char *mode, void *lib, const char *base, const char *full) {
@@ -37,12 +41,36 @@ static void *lookup(const char *mode, void *lib, const char *base, const char *f
     return p;
 }
 
+struct worker { int iters; unsigned seed; int refused; };
+
+static void *stress(void *arg) {
+    struct worker *w = arg;
+    void *c;
+    f.ctx(&c, 0, 0);
+    CUdeviceptr held[64];
+    int n = 0;
+    for (int i = 0; i < w->iters; i++) {
+        if (n < 64 && (n == 0 || rand_r(&w->seed) % 3 != 0)) {
+            CUdeviceptr p;
+            size_t b = 1 + (size_t)(rand_r(&w->seed) % (64u << 20));
+            if (f.alloc(&p, b) == 0) held[n++] = p; else w->refused++;
+        } else {
+            int k = rand_r(&w->seed) % n;
+            f.free(held[k]);
+            held[k] = held[--n];
+        }
+    }
+    while (n > 0) f.free(held[--n]);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     const char *mode = argv[1];
     if (!strcmp(mode, "direct")) {
         f.init = cuInit; f.ctx = cuCtxCreate_v2; f.alloc = cuMemAlloc_v2; f.free = cuMemFree_v2;
         f.info = cuMemGetInfo_v2; f.total = cuDeviceTotalMem_v2; f.launch = cuLaunchKernel;
+        f.alloc_async = cuMemAllocAsync;
     } else {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW);
         if (!lib) { printf("dlopen failed\n"); return 3; }
@@ -53,6 +81,10 @@ int main(int argc, char **argv) {
         f.info = lookup(mode, lib, "cuMemGetInfo", "cuMemGetInfo_v2");
         f.total = lookup(mode, lib, "cuDeviceTotalMem", "cuDeviceTotalMem_v2");
         f.launch = lookup(mode, lib, "cuLaunchKernel", "cuLaunchKernel");
+        /* The per-thread-default-stream entry: flag CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2). */
+        if (!strcmp(mode, "dlsym")) f.alloc_async = dlsym(lib, "cuMemAllocAsync_ptsz");
+        else if (cuGetProcAddress_v2("cuMemAllocAsync", (void **)&f.alloc_async, 12040, 2, NULL) != 0) f.alloc_async = NULL;
+        if (!f.alloc_async) { printf("lookup failed\n"); return 3; }
         if (!f.init || !f.ctx || !f.alloc || !f.free || !f.info || !f.total || !f.launch) {
             printf("lookup failed\n");
             return 3;
@@ -75,6 +107,14 @@ int main(int argc, char **argv) {
             CUresult r = f.alloc(&p, b);
             if (r == 0 && n < 4096) ptrs[n++] = p;
             printf("alloc %llu = %d\n", b, r);
+        } else if (!strncmp(a, "async:", 6)) {
+            char *end;
+            unsigned long long b = strtoull(a + 6, &end, 10);
+            if (*end == 'm') b <<= 20;
+            CUdeviceptr p = 0;
+            CUresult r = f.alloc_async(&p, b, NULL);
+            if (r == 0 && n < 4096) ptrs[n++] = p;
+            printf("async %llu = %d\n", b, r);
         } else if (!strncmp(a, "free:", 5)) {
             int k = atoi(a + 5);
             printf("free = %d\n", k < n ? f.free(ptrs[k]) : -1);
@@ -95,6 +135,24 @@ int main(int argc, char **argv) {
             unsigned long long v = 0;
             if (c) c(&v);
             printf("driver launches %llu\n", v);
+        } else if (!strncmp(a, "stress:", 7)) {
+            int threads = 1, iters = 1; unsigned seed = 1;
+            sscanf(a + 7, "%d:%d:%u", &threads, &iters, &seed);
+            pthread_t t[64];
+            struct worker w[64];
+            if (threads > 64) threads = 64;
+            for (int j = 0; j < threads; j++) {
+                w[j].iters = iters; w[j].seed = seed * 131 + j; w[j].refused = 0;
+                pthread_create(&t[j], NULL, stress, &w[j]);
+            }
+            int refused = 0;
+            for (int j = 0; j < threads; j++) { pthread_join(t[j], NULL); refused += w[j].refused; }
+            printf("stress done refused %d\n", refused);
+        } else if (!strncmp(a, "peak:", 5)) {
+            CUresult (*pk)(int, unsigned long long *) = dlsym(RTLD_DEFAULT, "fakeCudaGetSharedPeak");
+            unsigned long long v = 0;
+            CUresult r = pk ? pk(atoi(a + 5), &v) : -1;
+            printf("peak = %d bytes %llu\n", r, v);
         } else {
             printf("unknown step %s\n", a);
             return 2;

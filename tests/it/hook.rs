@@ -25,7 +25,7 @@ fn setup() -> Env {
         .arg(&src)
         .arg("-L")
         .arg(dir.path())
-        .args(["-lcuda", "-ldl"])
+        .args(["-lcuda", "-ldl", "-lpthread"])
         .output()
         .unwrap();
     assert!(
@@ -60,6 +60,21 @@ impl Env {
             "probe {args:?} failed\n{stdout}\n{stderr}"
         );
         (stdout.lines().map(String::from).collect(), stderr)
+    }
+
+    fn command(&self, vars: &[(&str, &str)], args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.probe);
+        cmd.args(args)
+            .env_clear()
+            .env("LD_LIBRARY_PATH", self.dir.path())
+            .env("LD_PRELOAD", &self.hook)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", self.cache())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -121,6 +136,41 @@ fn memory_cap_exact_and_reported_on_every_lookup_path() {
         assert_eq!(p.oom_refusals, 2, "mode {mode}");
         assert_eq!(p.used[0], 1 << 20, "mode {mode}");
         assert_eq!(p.peak[0], 1 << 30, "mode {mode}");
+    }
+}
+
+/// Stream-ordered allocation is capped too, including the per-thread-default-stream (`_ptsz`)
+/// entry that cuGetProcAddress hands out for flag 2.
+#[test]
+fn async_allocations_are_capped_on_every_lookup_path() {
+    for mode in ["direct", "procaddr", "dlsym"] {
+        let env = setup();
+        let (out, _) = env.run(
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            &[
+                mode,
+                "init",
+                "ctx:0",
+                "async:1023m",
+                "async:2m",
+                "free:0",
+                "async:2m",
+                "info",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "init = 0".to_string(),
+                "ctx = 0".into(),
+                format!("async {} = 0", 1023u64 << 20),
+                format!("async {} = 2", 2u64 << 20),
+                "free = 0".into(),
+                format!("async {} = 0", 2u64 << 20),
+                format!("info = 0 free {} total {}", 1022u64 << 20, gib(1)),
+            ],
+            "mode {mode}"
+        );
     }
 }
 
@@ -222,4 +272,72 @@ fn processes_share_one_limit_and_dead_ones_are_reclaimed() {
     let snap = env.snapshot();
     assert_eq!(snap.used(0), 1023 << 20);
     assert_eq!(snap.processes.len(), 1);
+}
+
+/// 4 processes x 16 threads allocate and free at random against one 1 GiB limit while one of them
+/// is SIGKILLed at a random point 100 times: the device-wide peak the fake driver saw never passes the
+/// limit, the survivors never block (they finish), and the killed processes' memory is reclaimed.
+#[test]
+fn stress_with_sigkill_never_passes_the_limit() {
+    let env = setup();
+    let shared = env.dir.path().join("fake-gpu");
+    let shared_s = shared.to_string_lossy().to_string();
+    let vars = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("FAKE_CUDA_DEVICE_MEMORY", "4g"),
+        ("FAKE_CUDA_SHARED", shared_s.as_str()),
+    ];
+    let mut survivors: Vec<_> = (0..3)
+        .map(|i| {
+            let step = format!("stress:16:4000:{}", i + 1);
+            env.command(&vars, &["direct", "init", step.as_str()])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    for round in 0..100 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let step = format!("stress:16:100000000:{round}");
+        let mut victim = env
+            .command(&vars, &["direct", "init", step.as_str()])
+            .spawn()
+            .unwrap();
+        // The kill point: a random moment 0-15 ms into the victim's run.
+        std::thread::sleep(std::time::Duration::from_micros((seed >> 33) % 15_000));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    let statuses = vgpu_tests::wait_for(
+        std::time::Duration::from_secs(120),
+        "the surviving stress processes to finish",
+        || {
+            let done: Vec<_> = survivors
+                .iter_mut()
+                .map(|c| c.try_wait().unwrap())
+                .collect();
+            done.iter().all(Option::is_some).then_some(done)
+        },
+    );
+    for s in statuses.into_iter().flatten() {
+        assert!(s.success(), "a survivor failed: {s}");
+    }
+    let (out, _) = env.run(&vars, &["direct", "init", "ctx:0", "peak:0", "alloc:1023m"]);
+    let peak: u64 = out[2]
+        .strip_prefix("peak = 0 bytes ")
+        .unwrap_or_else(|| panic!("{out:?}"))
+        .parse()
+        .unwrap();
+    assert!(peak <= 1 << 30, "device-wide peak {peak} passed the limit");
+    assert!(
+        peak > 512 << 20,
+        "the stress never came near the limit: {peak}"
+    );
+    // Everything the killed processes held is reclaimed: a new process gets all but 1 MiB.
+    assert_eq!(out[3], format!("alloc {} = 0", 1023u64 << 20));
 }

@@ -326,6 +326,13 @@ unsafe fn write_ptr(out: *mut CUdeviceptr, r: Result<u64, CUresult>) -> CUresult
 /// `cuMemAlloc_v2`: allocates `bytesize` bytes of linear memory on the current context's device.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { alloc_current(dptr, bytesize) }
+}
+
+// Exported functions never call each other: in a process with the hook preloaded such a call would
+// go through the hook again (symbol interposition) and be counted twice; the real driver does not.
+unsafe fn alloc_current(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     if dptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -389,7 +396,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { cuMemAlloc_v2(dptr, bytesize) }
+    unsafe { alloc_current(dptr, bytesize) }
 }
 
 /// `cuMemAllocAsync_ptsz`: per-thread default stream variant.
@@ -397,10 +404,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    stream: *mut c_void,
+    _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { cuMemAllocAsync(dptr, bytesize, stream) }
+    unsafe { alloc_current(dptr, bytesize) }
 }
 
 /// `cuMemAllocFromPoolAsync`: allocation from a pool on the current device (pools not modelled).
@@ -412,7 +419,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { cuMemAlloc_v2(dptr, bytesize) }
+    unsafe { alloc_current(dptr, bytesize) }
 }
 
 /// `cuMemAllocFromPoolAsync_ptsz`.
@@ -424,7 +431,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream) }
+    {
+        let _ = (pool, stream);
+        unsafe { alloc_current(dptr, bytesize) }
+    }
 }
 
 /// `cuMemFree_v2`: frees memory from any of the allocators above.
@@ -616,7 +626,11 @@ pub extern "C" fn cuLaunchKernel(
     _params: *mut *mut c_void,
     _extra: *mut *mut c_void,
 ) -> CUresult {
-    if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+    launch_grid([gx, gy, gz], [bx, by, bz])
+}
+
+fn launch_grid(grid: [c_uint; 3], block: [c_uint; 3]) -> CUresult {
+    if grid.contains(&0) || block.contains(&0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     launch()
@@ -637,7 +651,8 @@ pub extern "C" fn cuLaunchKernel_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+    let _ = (f, shared, stream, params, extra);
+    launch_grid([gx, gy, gz], [bx, by, bz])
 }
 
 /// `cuLaunchCooperativeKernel`: as cuLaunchKernel without `extra`.
@@ -654,19 +669,8 @@ pub extern "C" fn cuLaunchCooperativeKernel(
     stream: *mut c_void,
     params: *mut *mut c_void,
 ) -> CUresult {
-    cuLaunchKernel(
-        f,
-        gx,
-        gy,
-        gz,
-        bx,
-        by,
-        bz,
-        shared,
-        stream,
-        params,
-        std::ptr::null_mut(),
-    )
+    let _ = (f, shared, stream, params);
+    launch_grid([gx, gy, gz], [bx, by, bz])
 }
 
 /// `cuLaunchCooperativeKernel_ptsz`.
@@ -683,7 +687,8 @@ pub extern "C" fn cuLaunchCooperativeKernel_ptsz(
     stream: *mut c_void,
     params: *mut *mut c_void,
 ) -> CUresult {
-    cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+    let _ = (f, shared, stream, params);
+    launch_grid([gx, gy, gz], [bx, by, bz])
 }
 
 /// `CUlaunchConfig` prefix: grid, block, shared memory.
@@ -724,8 +729,13 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuLaunchKernelEx(config, f, params, extra) }
+    if config.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let _ = (f, params, extra);
+    // SAFETY: checked non-null.
+    let c = unsafe { &*config };
+    launch_grid(c.grid, c.block)
 }
 
 /// `cuGraphLaunch`: one counted launch per graph.
@@ -737,7 +747,8 @@ pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUr
 /// `cuGraphLaunch_ptsz`.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> CUresult {
-    cuGraphLaunch(exec, stream)
+    let _ = (exec, stream);
+    launch()
 }
 
 /// Test hook (not CUDA): launches this process made, for tests to compare with the hook's meter.
@@ -853,13 +864,24 @@ pub unsafe extern "C" fn cuGetProcAddress(
     flags: u64,
 ) -> CUresult {
     // SAFETY: same contract, no status pointer.
-    unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
+    unsafe { proc_address(symbol, pfn, version, flags, std::ptr::null_mut()) }
 }
 
 /// `cuGetProcAddress_v2` (CUDA 12.0): as cuGetProcAddress, also writing a
 /// `CUdriverProcAddressQueryResult` (0 success, 1 symbol not found, 2 version not sufficient).
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { proc_address(symbol, pfn, version, flags, status) }
+}
+
+unsafe fn proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
@@ -902,6 +924,7 @@ mod shared {
     struct Shared {
         words: &'static [AtomicU64],
         slot: usize,
+        file: std::fs::File,
     }
 
     static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
@@ -943,7 +966,7 @@ mod shared {
                 .compare_exchange(0, pid, SeqCst, SeqCst)
                 .is_ok()
         })?;
-        Some(Shared { words, slot })
+        Some(Shared { words, slot, file })
     }
 
     fn get() -> Option<&'static Shared> {
@@ -964,25 +987,43 @@ mod shared {
                 .unwrap_or(false)
     }
 
-    /// Releases the memory of dead processes (the driver frees it at process exit).
-    fn reap(sh: &Shared) {
+    /// Runs `f` under an exclusive `flock` of the file: the kernel drops it when a holder dies, so a
+    /// killed process never leaves the others waiting.
+    fn locked<T>(sh: &Shared, f: impl FnOnce() -> T) -> T {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on our own open descriptor.
+        unsafe { libc::flock(sh.file.as_raw_fd(), libc::LOCK_EX) };
+        let r = f();
+        // SAFETY: as above.
+        unsafe { libc::flock(sh.file.as_raw_fd(), libc::LOCK_UN) };
+        r
+    }
+
+    fn slot_used(sh: &Shared, s: usize, dev: usize) -> &AtomicU64 {
+        &sh.words[2 * DEVS + s * SLOT + 1 + dev]
+    }
+
+    /// Releases the memory of dead processes (the driver frees it at process exit) and returns the
+    /// device total of the live ones. Called under the lock.
+    fn reap_and_sum(sh: &Shared, dev: usize) -> u64 {
+        let mut total = 0u64;
         for s in 0..SLOTS {
             let owner = &sh.words[2 * DEVS + s * SLOT];
             let pid = owner.load(SeqCst);
-            if pid == 0 || s == sh.slot || alive(pid) {
+            if pid == 0 {
                 continue;
             }
-            if owner
-                .compare_exchange(pid, u64::MAX, SeqCst, SeqCst)
-                .is_ok()
-            {
+            if s != sh.slot && !alive(pid) {
                 for d in 0..DEVS {
-                    let b = sh.words[2 * DEVS + s * SLOT + 1 + d].swap(0, SeqCst);
-                    sh.words[d].fetch_sub(b, SeqCst);
+                    slot_used(sh, s, d).store(0, SeqCst);
                 }
                 owner.store(0, SeqCst);
+                continue;
             }
+            total += slot_used(sh, s, dev).load(SeqCst);
         }
+        sh.words[dev].store(total, SeqCst);
+        total
     }
 
     /// Adds `bytes` to the device total unless that passes `total`; records the peak.
@@ -991,22 +1032,25 @@ mod shared {
         if dev >= DEVS {
             return true;
         }
-        reap(sh);
-        let now = sh.words[dev].fetch_add(bytes, SeqCst) + bytes;
-        if now > total {
-            sh.words[dev].fetch_sub(bytes, SeqCst);
-            return false;
-        }
-        sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_add(bytes, SeqCst);
-        sh.words[DEVS + dev].fetch_max(now, SeqCst);
-        true
+        locked(sh, || {
+            let now = reap_and_sum(sh, dev) + bytes;
+            if now > total {
+                return false;
+            }
+            slot_used(sh, sh.slot, dev).fetch_add(bytes, SeqCst);
+            sh.words[dev].store(now, SeqCst);
+            sh.words[DEVS + dev].fetch_max(now, SeqCst);
+            true
+        })
     }
 
     pub fn free(dev: usize, bytes: u64) {
         if let Some(sh) = get() {
             if dev < DEVS {
-                sh.words[2 * DEVS + sh.slot * SLOT + 1 + dev].fetch_sub(bytes, SeqCst);
-                sh.words[dev].fetch_sub(bytes, SeqCst);
+                locked(sh, || {
+                    slot_used(sh, sh.slot, dev).fetch_sub(bytes, SeqCst);
+                    sh.words[dev].fetch_sub(bytes, SeqCst);
+                });
             }
         }
     }
