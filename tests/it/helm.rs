@@ -765,3 +765,35 @@ fn install_doc_lists_exactly_the_rbac_in_code() {
         "docs/install.md RBAC table differs from vgpu_core::rbac"
     );
 }
+
+#[test]
+fn dashboard_is_grafana_json_querying_documented_metrics() {
+    let root = vgpu_tests::repo_root();
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("helm/vgpu/files/dashboard.json")).unwrap(),
+    )
+    .expect("dashboard.json is JSON");
+    let doc = std::fs::read_to_string(root.join("docs/install.md")).unwrap();
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6);
+    for p in panels {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            // Every vgpu_ metric the dashboard queries is listed in the metrics table.
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("vgpu_"))
+            {
+                let documented = doc.contains(&format!("`{name}`"))
+                    || ["_used_bytes", "_limit_bytes", "_peak_bytes"]
+                        .iter()
+                        .any(|s| name.ends_with(s) && doc.contains(&format!("`{s}`")));
+                assert!(
+                    documented,
+                    "{name} (panel {}) is not in docs/install.md",
+                    p["title"]
+                );
+            }
+        }
+    }
+}
