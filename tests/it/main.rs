@@ -2,6 +2,7 @@
 //! process boundary, using the doubles beside this crate.
 
 mod cert_rotation;
+mod certs_api;
 mod helm;
 mod hook;
 mod metrics;
