@@ -4,13 +4,11 @@
 
 use serde_json::json;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use vgpu_tests::certs::{trusting, TestPki};
 use vgpu_tests::https;
-use vgpu_tests::process::Running;
 
 /// Writes a pair the way the kubelet's atomic writer updates a Secret volume: the files go into a
 /// fresh timestamped directory, a temporary `..data_tmp` symlink points at it and is renamed over
@@ -52,14 +50,11 @@ async fn rotation_keeps_a_busy_keep_alive_connection_and_serves_the_new_certific
     let new = TestPki::new(&[]);
     kubelet_write(volume.path(), 1, &old.cert_pem, &old.key_pem);
 
-    let mut cmd = Command::new(vgpu_tests::binary("vgpu-webhook"));
-    cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
-        .arg(volume.path().join("tls.crt"))
-        .arg("--tls-key")
-        .arg(volume.path().join("tls.key"));
-    let mut proc = Running::spawn("vgpu-webhook", cmd);
-    let line = proc.wait_for_line(Duration::from_secs(20), |l| l.contains("listening addr="));
-    let addr: std::net::SocketAddr = line.rsplit("addr=").next().unwrap().trim().parse().unwrap();
+    let (mut proc, addr) = vgpu_tests::process::start_webhook(
+        &volume.path().join("tls.crt"),
+        &volume.path().join("tls.key"),
+        &[],
+    );
     // The client trusts both CAs, as a caBundle carrying old and new does during a rotation.
     let tls = Arc::new(trusting(&[&old, &new]));
 

@@ -8,10 +8,8 @@ use serde_json::json;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
-use vgpu_tests::process::Running;
 
 fn promtool() -> Option<&'static str> {
     let found = Command::new("promtool")
@@ -63,14 +61,7 @@ async fn webhook_metrics_pass_promtool_and_count_admissions() {
     let dir = tempfile::tempdir().unwrap();
     let pki = TestPki::new(&[]);
     let (_, cert, key) = pki.write(dir.path());
-    let mut cmd = Command::new(vgpu_tests::binary("vgpu-webhook"));
-    cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key);
-    let mut proc = Running::spawn("vgpu-webhook", cmd);
-    let line = proc.wait_for_line(Duration::from_secs(20), |l| l.contains("listening addr="));
-    let addr: std::net::SocketAddr = line.rsplit("addr=").next().unwrap().trim().parse().unwrap();
+    let (_proc, addr) = vgpu_tests::process::start_webhook(&cert, &key, &[]);
     let tls = Arc::new(pki.client_config());
 
     let review = |limits: serde_json::Value| {

@@ -6,7 +6,6 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
 use vgpu_tests::process::Running;
@@ -23,15 +22,7 @@ impl Webhook {
         let dir = tempfile::tempdir().unwrap();
         let pki = TestPki::new(&[]);
         let (_, cert, key) = pki.write(dir.path());
-        let mut cmd = Command::new(vgpu_tests::binary("vgpu-webhook"));
-        cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(&cert)
-            .arg("--tls-key")
-            .arg(&key)
-            .args(extra);
-        let mut proc = Running::spawn("vgpu-webhook", cmd);
-        let line = proc.wait_for_line(Duration::from_secs(20), |l| l.contains("listening addr="));
-        let addr = line.rsplit("addr=").next().unwrap().trim().parse().unwrap();
+        let (proc, addr) = vgpu_tests::process::start_webhook(&cert, &key, extra);
         Webhook {
             _proc: proc,
             _dir: dir,

@@ -116,3 +116,26 @@ impl Drop for Running {
         }
     }
 }
+
+/// Starts the real `vgpu-webhook` on `127.0.0.1:0` with this pair and extra flags, and returns it
+/// with the address it reported.
+pub fn start_webhook(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    extra: &[&str],
+) -> (Running, std::net::SocketAddr) {
+    let mut cmd = Command::new(crate::binary("vgpu-webhook"));
+    cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .args(extra);
+    let mut proc = Running::spawn("vgpu-webhook", cmd);
+    let line = proc.wait_for_line(Duration::from_secs(20), |l| l.contains("listening addr="));
+    let addr = line
+        .rsplit("addr=")
+        .next()
+        .and_then(|a| a.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (proc, addr)
+}
