@@ -91,6 +91,9 @@ pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, Mu
     metadata(pod, &wanted, &mut ops);
     scheduling(pod, settings, &mut ops, &mut warnings);
     for (c, req) in &wanted {
+        warnings.extend(suffixed_gpumem_warning(c, req, &settings.policy));
+    }
+    for (c, req) in &wanted {
         resources(c, req, &settings.policy, &mut ops);
         environment(c, req, &mut ops);
     }
@@ -98,6 +101,37 @@ pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, Mu
         patch: ops.into_patch(),
         warnings,
         vgpu: true,
+    })
+}
+
+/// gpumem counts MiB (as in HAMi), so a suffixed quantity written the way memory limits are
+/// written (`4Gi`) asks for far more than meant: 4 Gi MiB, which no card has. Admitted as asked
+/// (it is a valid quantity), but the user is told what it means.
+fn suffixed_gpumem_warning(
+    c: &PodContainer<'_>,
+    req: &VgpuRequest,
+    policy: &RequestPolicy,
+) -> Option<String> {
+    let Memory::Mib(mib) = req.memory else {
+        return None;
+    };
+    let name = &policy.names.gpumem;
+    let (_, text) = c
+        .resources
+        .limits
+        .iter()
+        .chain(&c.resources.requests)
+        .find(|(n, _)| n == name)?;
+    let suffixed = [
+        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+    ]
+    .iter()
+    .any(|s| text.ends_with(s));
+    suffixed.then(|| {
+        format!(
+            "container {:?}: {name} counts MiB, so {text:?} asks for {mib} MiB per GPU; for 4 GiB write \"4096\"",
+            c.resources.name
+        )
     })
 }
 
@@ -417,6 +451,19 @@ mod tests {
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
         assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "2");
         assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
+    }
+
+    #[test]
+    fn suffixed_gpumem_is_admitted_with_a_warning_saying_it_counts_mib() {
+        let pod = json!({"spec": {"containers": [
+            {"name": "big", "resources": {"limits": {"nvidia.com/gpumem": "4Gi"}}},
+            {"name": "ok", "resources": {"limits": {"nvidia.com/gpumem": "4096"}}}]}});
+        let m = mutate_pod(&pod, &MutateSettings::default()).unwrap();
+        assert_eq!(
+            m.warnings,
+            vec!["container \"big\": nvidia.com/gpumem counts MiB, so \"4Gi\" asks for 4294967296 MiB per GPU; for 4 GiB write \"4096\"".to_string()]
+        );
+        assert!(!m.patch.0.is_empty());
     }
 
     #[test]
