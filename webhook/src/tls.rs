@@ -13,23 +13,6 @@ use vgpu_certs::reload::{CertWatcher, ReloadError, ReloadingCert};
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum TlsError {
-    /// The file cannot be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file holds no PEM certificate or key.
-    #[error("{path}: no PEM {what} found")]
-    Empty {
-        /// The file.
-        path: PathBuf,
-        /// `certificate` or `private key`.
-        what: &'static str,
-    },
     /// rustls refused the pair (key does not match, unsupported algorithm).
     #[error("certificate {cert} and key {key} cannot be used: {source}")]
     Config {
@@ -50,40 +33,6 @@ pub enum TlsError {
     /// Generating the development certificate failed.
     #[error("cannot generate a development certificate: {0}")]
     Generate(#[source] rcgen::Error),
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.into(),
-        source,
-    })
-}
-
-/// Builds the server config from PEM files.
-pub fn load_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let cert_pem = read(cert)?;
-    let key_pem = read(key)?;
-    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
-        .filter_map(Result::ok)
-        .collect();
-    if chain.is_empty() {
-        return Err(TlsError::Empty {
-            path: cert.into(),
-            what: "certificate",
-        });
-    }
-    let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .ok()
-        .flatten()
-        .ok_or_else(|| TlsError::Empty {
-            path: key.into(),
-            what: "private key",
-        })?;
-    server_config(chain, key_der).map_err(|source| TlsError::Config {
-        cert: cert.into(),
-        key: key.into(),
-        source,
-    })
 }
 
 /// A server config for a chain and key: TLS 1.3 and 1.2 only, no client auth.
@@ -170,29 +119,27 @@ mod tests {
         let (c, k) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
-        let cfg = load_server_config(&c, &k).unwrap();
+        let served = reloading_server_config(&c, &k).unwrap();
         assert_eq!(
-            cfg.alpn_protocols,
+            served.config.alpn_protocols,
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         );
 
-        let e = load_server_config(&c, &dir.path().join("missing"))
-            .unwrap_err()
+        let e = reloading_server_config(&c, &dir.path().join("missing"))
+            .err()
+            .unwrap()
             .to_string();
-        assert!(
-            e.starts_with("cannot read ") && e.contains("missing"),
-            "{e}"
-        );
+        assert!(e.contains("missing"), "{e}");
         std::fs::write(&k, "not pem").unwrap();
-        assert!(load_server_config(&c, &k)
-            .unwrap_err()
-            .to_string()
-            .ends_with("no PEM private key found"));
+        assert!(matches!(
+            reloading_server_config(&c, &k),
+            Err(TlsError::Reload(ReloadError::Pair { .. }))
+        ));
         let other = KeyPair::generate().unwrap();
         std::fs::write(&k, other.serialize_pem()).unwrap();
         assert!(matches!(
-            load_server_config(&c, &k),
-            Err(TlsError::Config { .. })
+            reloading_server_config(&c, &k),
+            Err(TlsError::Reload(ReloadError::Pair { .. }))
         ));
         assert!(dev_server_config().is_ok());
     }
