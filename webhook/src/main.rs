@@ -71,9 +71,7 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Opt
         Some(p) => Some(p.to_path_buf()),
         None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
             let config = kube::Config::incluster().context("in-cluster Kubernetes config")?;
-            return Ok(Some(
-                kube::Client::try_from(config).context("Kubernetes client")?,
-            ));
+            return Ok(Some(admission_client(config)?));
         }
         None => std::env::var_os("KUBECONFIG").map(std::path::PathBuf::from),
     };
@@ -86,9 +84,15 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Opt
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .with_context(|| format!("kubeconfig {}", path.display()))?;
-    Ok(Some(
-        kube::Client::try_from(config).context("Kubernetes client")?,
-    ))
+    Ok(Some(admission_client(config)?))
+}
+
+/// An admission must answer within the webhook's timeoutSeconds, so the client does not retry
+/// 429/503/504 for a minute on its own (kube's default): the decision fails closed instead.
+fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_secs(2));
+    kube::Client::try_from(config).context("Kubernetes client")
 }
 
 /// Logs go to stderr through a writer thread, so a request never waits on the terminal or pipe

@@ -192,7 +192,18 @@ impl Validator {
             }
             return (allow.deny(403, "Forbidden", v.message), "policy");
         }
-        self.quota(request, pod, &namespace, dry_run).await
+        let deadline = RESERVE_DEADLINE + Duration::from_millis(500);
+        match tokio::time::timeout(deadline, self.quota(request, pod, &namespace, dry_run)).await {
+            Ok(d) => d,
+            Err(_) => (
+                AdmissionResponse::allow(&request.uid).deny(
+                    503,
+                    "ServiceUnavailable",
+                    format!("vgpu quota cannot be checked in namespace {namespace}: the Kubernetes API did not answer within {deadline:?}; pods under a vGPU quota are refused until it does"),
+                ),
+                "unavailable",
+            ),
+        }
     }
 
     async fn quota(

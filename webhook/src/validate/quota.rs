@@ -75,7 +75,7 @@ impl ScopeTerm {
             ScopeTerm::PriorityClass { negate, values } => {
                 let hit = match values {
                     None => !f.priority_class.is_empty(),
-                    Some(v) => v.iter().any(|v| *v == f.priority_class),
+                    Some(v) => v.contains(&f.priority_class),
                 };
                 hit != *negate
             }
