@@ -1,0 +1,2 @@
+//! Allocate latency benchmark (to be written).
+fn main() {}
