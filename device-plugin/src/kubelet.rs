@@ -25,6 +25,8 @@ pub const KUBELET_SOCKET: &str = "kubelet.sock";
 pub const API_VERSION: &str = "v1beta1";
 /// How often a failed registration is retried when nothing in the directory changes.
 const RETRY: Duration = Duration::from_secs(5);
+/// How long directory events are gathered into one restart.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// Why serving stopped.
 #[derive(Debug, Error)]
@@ -169,6 +171,10 @@ pub async fn serve(
                 ev = events.recv() => match ev {
                     Some(ev) if restart_worthy(&ev, &kubelet, &ours) => {
                         tracing::info!(?ev.kind, paths = ?ev.paths, "kubelet restarted or socket removed; re-registering");
+                        // A kubelet restart is a burst (sockets removed, kubelet.sock created):
+                        // take it as one restart.
+                        tokio::time::sleep(SETTLE).await;
+                        while events.try_recv().is_ok() {}
                         break false;
                     }
                     Some(_) => {}

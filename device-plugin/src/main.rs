@@ -22,7 +22,7 @@ enum Backend {
 
 /// Kubelet device plugin for fractional GPUs.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Cli {
     /// Copy the preload library to this host directory and exit (the DaemonSet's init step).
     #[arg(long, value_name = "DIR")]
