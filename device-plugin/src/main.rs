@@ -159,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", cli.metrics_listen))?;
     tracing::info!(addr = %listener.local_addr()?, "metrics listening");
-    let router = vgpu_device_plugin::metrics::router(shared.clone());
+    let router = vgpu_device_plugin::metrics::router(shared.clone(), Some(backend.clone()));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
             tracing::error!(error = %e, "metrics server stopped");

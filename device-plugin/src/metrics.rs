@@ -6,6 +6,7 @@
 //! `<host-dir>/containers/<pod-uid>_<container>/vgpu.cache`. The records live outside the directory
 //! mounted into the container, so a tenant cannot change the labels its usage is reported under.
 
+use crate::backend::DeviceBackend;
 use crate::plugin::Shared;
 use crate::pods::Claim;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -99,8 +100,8 @@ struct DeviceLabels {
 
 type FGauge = Gauge<f64, AtomicU64>;
 
-/// Renders the metrics as OpenMetrics text.
-pub fn render(shared: &Shared) -> String {
+/// Renders the metrics as OpenMetrics text; `backend` adds the devices' utilization.
+pub fn render(shared: &Shared, backend: Option<&dyn DeviceBackend>) -> String {
     let host_dir = &shared.settings.host_dir;
     let mut reg = Registry::default();
     let used = Family::<ContainerLabels, Gauge>::default();
@@ -113,6 +114,7 @@ pub fn render(shared: &Shared) -> String {
     let dev_limit = Family::<DeviceLabels, Gauge>::default();
     let dev_cores = Family::<DeviceLabels, FGauge>::default();
     let dev_healthy = Family::<DeviceLabels, Gauge>::default();
+    let dev_util = Family::<DeviceLabels, FGauge>::default();
 
     let records = read_records(host_dir);
     for r in &records {
@@ -178,6 +180,9 @@ pub fn render(shared: &Shared) -> String {
             .get_or_create(&l)
             .set(cores as f64 / f64::from(d.cores.max(1)));
         dev_healthy.get_or_create(&l).set(i64::from(d.healthy));
+        if let Some(u) = backend.and_then(|b| b.utilization(d.index)) {
+            dev_util.get_or_create(&l).set(f64::from(u) / 100.0);
+        }
     }
     reg.register(
         "vgpu_container_memory_used_bytes",
@@ -229,20 +234,29 @@ pub fn render(shared: &Shared) -> String {
         "1 when the GPU is healthy",
         dev_healthy,
     );
+    reg.register(
+        "vgpu_device_utilization_ratio",
+        "Share of the last sample period the GPU was busy, as the vendor library reports it",
+        dev_util,
+    );
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
     out
 }
 
 /// The `/metrics` router.
-pub fn router(shared: std::sync::Arc<Shared>) -> axum::Router {
+pub fn router(
+    shared: std::sync::Arc<Shared>,
+    backend: Option<std::sync::Arc<dyn DeviceBackend>>,
+) -> axum::Router {
     use axum::http::{header, HeaderMap};
     axum::Router::new().route(
         "/metrics",
         axum::routing::get(move |headers: HeaderMap| {
             let shared = shared.clone();
+            let backend = backend.clone();
             async move {
-                let om = render(&shared);
+                let om = render(&shared, backend.as_deref());
                 let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
                 if vgpu_core::exposition::wants_openmetrics(accept) {
                     (

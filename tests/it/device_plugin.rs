@@ -524,6 +524,8 @@ async fn metrics_read_the_hooks_accounting_files() {
         format!("vgpu_device_memory_limit_bytes{{node=\"{NODE}\",uuid=\"{GPU1}\"}} 42949672960"),
         format!("vgpu_device_cores_allocated_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.4"),
         format!("vgpu_device_healthy{{node=\"{NODE}\",uuid=\"{GPU1}\"}} 1"),
+        // NVML's utilization of GPU 0: the fake's series starts at 10 %.
+        format!("vgpu_device_utilization_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.1"),
         "# TYPE vgpu_container_kernel_launches_total counter".to_string(),
     ] {
         assert!(
@@ -531,6 +533,13 @@ async fn metrics_read_the_hooks_accounting_files() {
             "missing {line:?} in:\n{text}"
         );
     }
+    // The series moves on with each sample (10, 20, 10, ...).
+    let text = env.metrics().await;
+    let want = format!("vgpu_device_utilization_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.2");
+    assert!(
+        text.lines().any(|l| l == want),
+        "missing {want:?} in:\n{text}"
+    );
 }
 
 #[test]
