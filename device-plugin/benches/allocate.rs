@@ -43,6 +43,7 @@ fn pod(i: usize) -> PodEntry {
                 }],
             }],
         )),
+        allocated: Vec::new(),
     }
 }
 

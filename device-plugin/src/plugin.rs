@@ -103,6 +103,28 @@ impl Shared {
         Ok(())
     }
 
+    /// Records on the pod which containers were answered (`vgpu.io/allocated`), so a restarted
+    /// plugin does not answer one twice. Best effort: the answer does not wait on a failed patch.
+    async fn mark_allocated(&self, claim: &crate::pods::Claim) {
+        let Some(api) = &self.lister else { return };
+        let names = self.with_pods(|c| c.answered(&claim.uid)).join(",");
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            vgpu_core::annotations::ALLOCATED: names,
+        }}});
+        let api: kube::Api<Pod> =
+            kube::Api::namespaced(api.clone().into_client(), &claim.namespace);
+        if let Err(e) = api
+            .patch(
+                &claim.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+        {
+            tracing::warn!(pod = %format!("{}/{}", claim.namespace, claim.name), error = %e, "marking containers allocated failed");
+        }
+    }
+
     /// Answers one container of an Allocate.
     pub async fn allocate_container(
         &self,
@@ -138,6 +160,7 @@ impl Shared {
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
                 crate::metrics::record_allocation(&self.settings.host_dir, &claim);
+                self.mark_allocated(&claim).await;
                 tracing::info!(pod = %format!("{}/{}", claim.namespace, claim.name), container = %claim.container.name, ?ids, "allocated");
                 Ok(allocate::assigned(
                     &self.settings.host_dir,

@@ -11,7 +11,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::{HashMap, HashSet};
 use thiserror::Error;
-use vgpu_core::annotations::ASSIGNMENT;
+use vgpu_core::annotations::{ALLOCATED, ASSIGNMENT};
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 
 use crate::devices::uuid_of;
@@ -31,6 +31,8 @@ pub struct PodEntry {
     pub pending: bool,
     /// The assignment, when the annotation is present and readable for this node.
     pub assignment: Result<PodAssignment, String>,
+    /// Containers already answered, from the `vgpu.io/allocated` annotation.
+    pub allocated: Vec<String>,
 }
 
 impl PodEntry {
@@ -50,6 +52,17 @@ impl PodEntry {
             },
         };
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let allocated = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ALLOCATED))
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
         Some(PodEntry {
             uid,
             namespace: m.namespace.clone().unwrap_or_default(),
@@ -61,6 +74,7 @@ impl PodEntry {
                 .unwrap_or(0),
             pending: matches!(phase, None | Some("Pending")),
             assignment,
+            allocated,
         })
     }
 }
@@ -99,9 +113,24 @@ pub struct PodCache {
 }
 
 impl PodCache {
-    /// Adds or replaces a pod.
+    /// Adds or replaces a pod; containers its annotation marks as answered stay answered.
     pub fn upsert(&mut self, e: PodEntry) {
+        for c in &e.allocated {
+            self.allocated.insert((e.uid.clone(), c.clone()));
+        }
         self.pods.insert(e.uid.clone(), e);
+    }
+
+    /// Containers of pod `uid` answered so far, in assignment order.
+    pub fn answered(&self, uid: &str) -> Vec<String> {
+        let Some(Ok(a)) = self.pods.get(uid).map(|p| &p.assignment) else {
+            return Vec::new();
+        };
+        a.containers
+            .iter()
+            .filter(|c| self.allocated.contains(&(uid.to_string(), c.name.clone())))
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     /// Forgets a pod and what was answered for it.
@@ -112,6 +141,11 @@ impl PodCache {
 
     /// Replaces all pods (a relist); answers for pods still present are kept.
     pub fn replace_all(&mut self, entries: Vec<PodEntry>) {
+        for e in &entries {
+            for c in &e.allocated {
+                self.allocated.insert((e.uid.clone(), c.clone()));
+            }
+        }
         self.pods = entries.into_iter().map(|e| (e.uid.clone(), e)).collect();
         let pods = &self.pods;
         self.allocated.retain(|(u, _)| pods.contains_key(u));
@@ -261,6 +295,7 @@ mod tests {
                     })
                     .collect(),
             )),
+            allocated: Vec::new(),
         }
     }
 
@@ -303,8 +338,18 @@ mod tests {
         assert!(e.detail.contains("next container main has 2"), "{e}");
         let second = c.claim(&ids(&["GPU-0::2", "GPU-1::0"])).unwrap();
         assert_eq!(second.container.name, "main");
+        assert_eq!(c.answered("a"), ["init", "main"]);
         c.remove("a");
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn annotation_marks_containers_answered() {
+        let mut c = PodCache::default();
+        let mut e = entry("a", 10, &[("init", &["GPU-0"]), ("main", &["GPU-0"])]);
+        e.allocated = vec!["init".into()];
+        c.upsert(e);
+        assert_eq!(c.claim(&ids(&["GPU-0::0"])).unwrap().container.name, "main");
     }
 
     #[test]

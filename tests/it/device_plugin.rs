@@ -52,6 +52,31 @@ fn nvml_config(events: &Path) -> Value {
     })
 }
 
+fn plugin_command(
+    dp_dir: &Path,
+    host_dir: &Path,
+    metrics_port: u16,
+    extra: &[&str],
+    kubeconfig: &Path,
+    config: &Path,
+) -> Command {
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-device-plugin"));
+    cmd.arg(format!(
+        "--nvml-lib={}",
+        vgpu_tests::cdylib("fake_nvml").display()
+    ))
+    .arg(format!("--device-plugin-dir={}", dp_dir.display()))
+    .arg(format!("--host-dir={}", host_dir.display()))
+    .arg("--split-count=4")
+    .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+    .args(extra)
+    .env("NODE_NAME", NODE)
+    .env("KUBECONFIG", kubeconfig)
+    .env("FAKE_NVML_CONFIG", config)
+    .env("RUST_LOG", "info");
+    cmd
+}
+
 async fn start(extra: &[&str]) -> Env {
     let tmp = tempfile::tempdir().unwrap();
     let dp_dir = tmp.path().join("device-plugins");
@@ -68,20 +93,14 @@ async fn start(extra: &[&str]) -> Env {
         .unwrap();
     let kubelet = FakeKubelet::start(&dp_dir).await.unwrap();
     let metrics_port = free_port();
-    let mut cmd = Command::new(vgpu_tests::binary("vgpu-device-plugin"));
-    cmd.arg(format!(
-        "--nvml-lib={}",
-        vgpu_tests::cdylib("fake_nvml").display()
-    ))
-    .arg(format!("--device-plugin-dir={}", dp_dir.display()))
-    .arg(format!("--host-dir={}", host_dir.display()))
-    .arg("--split-count=4")
-    .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
-    .args(extra)
-    .env("NODE_NAME", NODE)
-    .env("KUBECONFIG", &kubeconfig)
-    .env("FAKE_NVML_CONFIG", &config)
-    .env("RUST_LOG", "info");
+    let cmd = plugin_command(
+        &dp_dir,
+        &host_dir,
+        metrics_port,
+        extra,
+        &kubeconfig,
+        &config,
+    );
     let plugin = Running::spawn("vgpu-device-plugin", cmd);
     Env {
         _tmp: tmp,
@@ -110,6 +129,21 @@ impl Env {
             self.kubelet.dial(&r.endpoint).await.ok()
         })
         .await
+    }
+
+    /// Kills the plugin and starts it again with the same flags (a DaemonSet pod restart).
+    fn restart_plugin(&mut self) {
+        self.plugin.kill();
+        let tmp = self._tmp.path();
+        let cmd = plugin_command(
+            &self.dp_dir,
+            &self.host_dir,
+            self.metrics_port,
+            &[],
+            &tmp.join("kubeconfig"),
+            &tmp.join("nvml.json"),
+        );
+        self.plugin = Running::spawn("vgpu-device-plugin (restarted)", cmd);
     }
 
     fn registrations(&self) -> usize {
@@ -347,6 +381,31 @@ async fn racing_pods_of_one_shape_get_their_own_assignment() {
     assert_eq!(ra.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
     assert_eq!(rb.envs["NVIDIA_VISIBLE_DEVICES"], GPU1);
     assert_eq!(rb.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plugin_does_not_answer_a_container_twice() {
+    let mut env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    env.pod(
+        "two-step",
+        Some(&assignment(&[
+            ("init", &[(GPU0, 1000, 0)]),
+            ("main", &[(GPU0, 2000, 0)]),
+        ])),
+    );
+    let r = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
+    assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    let pod = env.api.get("v1", "pods", "team-a", "two-step").unwrap();
+    assert_eq!(pod["metadata"]["annotations"]["vgpu.io/allocated"], "init");
+    let before = env.registrations();
+    tokio::task::block_in_place(|| env.restart_plugin());
+    let mut c = env.registered(before + 1).await;
+    let r = c.allocate(&[&format!("{GPU0}::1")]).await.unwrap();
+    assert_eq!(
+        r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m",
+        "main, not init again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
