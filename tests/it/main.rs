@@ -7,4 +7,5 @@ mod device_plugin;
 mod helm;
 mod hook;
 mod metrics;
+mod validate;
 mod webhook;
