@@ -21,6 +21,9 @@ pub const MANAGED_SELECTOR: &str = "vgpu.io/managed=true";
 pub const INJECTED: &str = "vgpu.io/injected";
 /// Annotation with the scheduler's per-container GPU assignment (JSON, [`crate::assignment`]).
 pub const ASSIGNMENT: &str = "vgpu.io/assignment";
+/// Pod annotation the device plugin writes: the vGPU containers it has answered Allocate for, as a
+/// comma-separated list of names, so a restarted plugin does not answer one twice.
+pub const ALLOCATED: &str = "vgpu.io/allocated";
 /// Node annotation with the device plugin's GPU inventory (JSON, [`crate::inventory`]).
 pub const NODE_DEVICES: &str = "vgpu.io/node-devices";
 /// Node annotation with the device plugin's last heartbeat (RFC 3339).

@@ -3,6 +3,7 @@
 
 mod cert_rotation;
 mod certs_api;
+mod device_plugin;
 mod helm;
 mod hook;
 mod metrics;

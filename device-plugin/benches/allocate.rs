@@ -1,0 +1,157 @@
+#![allow(missing_docs)] // criterion_group! generates undocumented items.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Allocate latency with 500 pending vGPU pods cached on the node, over real gRPC on a unix socket.
+//! `cargo bench -p vgpu-device-plugin --bench allocate`
+//!
+//! Baselines in the same run: GetDevicePluginOptions over the same socket (the transport alone) and
+//! the matcher alone in process (`PodCache::claim` over the same 500 pods).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::time::{Duration, Instant};
+use vgpu_core::assignment::{ContainerAssignment, DeviceSlice, PodAssignment};
+use vgpu_device_plugin::api;
+use vgpu_device_plugin::api::device_plugin_client::DevicePluginClient;
+use vgpu_device_plugin::api::device_plugin_server::DevicePluginServer;
+use vgpu_device_plugin::backend::Gpu;
+use vgpu_device_plugin::devices::{DeviceState, Shape};
+use vgpu_device_plugin::plugin::{Service, Settings, Shared};
+use vgpu_device_plugin::pods::{PodCache, PodEntry};
+
+const PODS: usize = 500;
+const GPUS: u32 = 8;
+
+fn uuid(i: u32) -> String {
+    format!("GPU-{i:08}-0000-0000-0000-000000000000")
+}
+
+fn pod(i: usize) -> PodEntry {
+    let g = (i as u32) % GPUS;
+    PodEntry {
+        uid: format!("uid-{i:04}"),
+        namespace: "bench".into(),
+        name: format!("pod-{i:04}"),
+        created: i as i64,
+        pending: true,
+        assignment: Ok(PodAssignment::new(
+            "node",
+            vec![ContainerAssignment {
+                name: "main".into(),
+                devices: vec![DeviceSlice {
+                    uuid: uuid(g),
+                    memory_mib: 4096,
+                    cores: 25,
+                }],
+            }],
+        )),
+        allocated: Vec::new(),
+    }
+}
+
+fn fill(cache: &mut PodCache) {
+    for i in 0..PODS {
+        cache.upsert(pod(i));
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gpus = (0..GPUS)
+        .map(|i| Gpu {
+            index: i,
+            uuid: uuid(i),
+            model: "A100".into(),
+            memory_mib: 40960,
+            pci_bus_id: None,
+            numa: Some(0),
+            mig: false,
+        })
+        .collect();
+    let shared = Shared::new(
+        Settings {
+            node_name: "node".into(),
+            shape: Shape {
+                split: 10,
+                memory_scaling: 1.0,
+                core_scaling: 1.0,
+            },
+            host_dir: tmp.path().join("host"),
+            allow_unscheduled: false,
+        },
+        DeviceState::new(gpus, "nvidia"),
+        None,
+    );
+    shared.with_pods(fill);
+    let sock = tmp.path().join("plugin.sock");
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(&sock) })
+        .unwrap();
+    let svc = DevicePluginServer::new(Service(shared.clone()));
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let channel = rt
+        .block_on(vgpu_device_plugin::kubelet::connect_unix(&sock))
+        .unwrap();
+    let mut client = DevicePluginClient::new(channel);
+
+    let mut group = c.benchmark_group("allocate");
+    group.measurement_time(Duration::from_secs(4));
+    group.sample_size(30);
+    group.bench_function("baseline_get_options_rpc", |b| {
+        b.iter(|| {
+            rt.block_on(client.get_device_plugin_options(api::Empty {}))
+                .unwrap()
+        })
+    });
+    // The matcher alone: claim the pod on GPU 3 among 500, then forget the answer (untimed).
+    let mut cache = PodCache::default();
+    fill(&mut cache);
+    let ids = vec![format!("{}::0", uuid(3))];
+    group.bench_function("matcher_only_500_pods", |b| {
+        b.iter_custom(|n| {
+            let mut total = Duration::ZERO;
+            for _ in 0..n {
+                let t = Instant::now();
+                let claim = cache.claim(&ids).unwrap();
+                total += t.elapsed();
+                cache.remove(&claim.uid);
+                cache.upsert(pod(claim.uid[4..].parse().unwrap()));
+            }
+            total
+        })
+    });
+    // The whole Allocate RPC: match, create the container dir, write the record, answer.
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids.clone(),
+        }],
+    };
+    group.bench_function("allocate_rpc_500_pods_cached", |b| {
+        b.iter_custom(|n| {
+            let mut total = Duration::ZERO;
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = rt.block_on(client.allocate(req.clone())).unwrap();
+                total += t.elapsed();
+                assert_eq!(r.get_ref().container_responses.len(), 1);
+                // The oldest pod assigned GPU 3 (pod 3) matched; make it claimable again (untimed).
+                shared.with_pods(|c| {
+                    c.remove("uid-0003");
+                    c.upsert(pod(3));
+                });
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

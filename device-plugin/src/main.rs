@@ -1,0 +1,212 @@
+//! `vgpu-device-plugin`: discovers GPUs, serves the kubelet device plugin API, watches health and
+//! this node's vGPU pods, publishes the node inventory and `/metrics`, until SIGTERM.
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use vgpu_device_plugin::allocate::{preload_contents, LIB_NAME, PRELOAD_NAME};
+use vgpu_device_plugin::backend::{dcu::DcuBackend, nvidia::NvidiaBackend, DeviceBackend};
+use vgpu_device_plugin::devices::{DeviceState, Shape};
+use vgpu_device_plugin::kubelet::PluginEndpoint;
+use vgpu_device_plugin::plugin::{Settings, Shared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// NVIDIA GPUs through NVML.
+    Nvidia,
+    /// AMD/Hygon DCU cards from sysfs.
+    Dcu,
+}
+
+/// Kubelet device plugin for fractional GPUs.
+#[derive(Debug, Parser)]
+#[command(version, args_override_self = true)]
+struct Cli {
+    /// Copy the preload library to this host directory and exit (the DaemonSet's init step).
+    #[arg(long, value_name = "DIR")]
+    install_lib: Option<PathBuf>,
+    /// The library `--install-lib` copies.
+    #[arg(long, default_value = "/usr/lib/vgpu/libvgpu.so")]
+    lib_source: PathBuf,
+    /// kubelet devices advertised per GPU (the most containers sharing one GPU).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    split_count: u32,
+    /// Factor on each GPU's memory in the inventory (above 1 oversubscribes).
+    #[arg(long, default_value_t = 1.0)]
+    memory_scaling: f64,
+    /// Factor on each GPU's 100 % of cores in the inventory.
+    #[arg(long, default_value_t = 1.0)]
+    core_scaling: f64,
+    /// The kubelet's device-plugin directory.
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
+    device_plugin_dir: PathBuf,
+    /// Our socket's file name in the device-plugin directory.
+    #[arg(long, default_value = "vgpu-nvidia.sock")]
+    socket_name: String,
+    /// Host directory with libvgpu.so, ld.so.preload and per-container accounting directories
+    /// (mounted at the same path in this container).
+    #[arg(long, default_value = "/usr/local/vgpu")]
+    host_dir: PathBuf,
+    /// Where GPUs come from.
+    #[arg(long, value_enum, default_value_t = Backend::Nvidia)]
+    backend: Backend,
+    /// NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long)]
+    nvml_lib: Option<String>,
+    /// sysfs root for the DCU backend.
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// Extended resource to register.
+    #[arg(long, default_value = "nvidia.com/gpu")]
+    resource_name: String,
+    /// Address of the /metrics listener.
+    #[arg(long, default_value = "0.0.0.0:9394")]
+    metrics_listen: std::net::SocketAddr,
+    /// Answer Allocate for pods without an assignment with whole devices and no limits.
+    #[arg(long)]
+    allow_unscheduled: bool,
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Seconds between node heartbeats.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    heartbeat_seconds: u64,
+    /// Seconds without a critical XID after which an unhealthy device that still answers turns
+    /// healthy again.
+    #[arg(long, default_value_t = 300)]
+    xid_recovery_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(dir) = &cli.install_lib {
+        return install_lib(&cli.lib_source, dir);
+    }
+    for (name, v) in [
+        ("--memory-scaling", cli.memory_scaling),
+        ("--core-scaling", cli.core_scaling),
+    ] {
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0,
+            "{name} must be a positive number, got {v}"
+        );
+    }
+    let node_name = cli
+        .node_name
+        .clone()
+        .context("--node-name or NODE_NAME is required")?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let backend: Arc<dyn DeviceBackend> = match cli.backend {
+        Backend::Nvidia => Arc::new(NvidiaBackend::load(cli.nvml_lib.as_deref())?),
+        Backend::Dcu => Arc::new(DcuBackend::new(&cli.sysfs_root)),
+    };
+    let gpus = backend.devices().context("discovering devices")?;
+    tracing::info!(
+        count = gpus.len(),
+        vendor = backend.vendor(),
+        "devices found"
+    );
+    std::fs::create_dir_all(&cli.host_dir)
+        .with_context(|| format!("creating {}", cli.host_dir.display()))?;
+    let preload = cli.host_dir.join(PRELOAD_NAME);
+    std::fs::write(&preload, preload_contents())
+        .with_context(|| format!("writing {}", preload.display()))?;
+
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server")?;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
+    let settings = Settings {
+        node_name: node_name.clone(),
+        shape: Shape {
+            split: cli.split_count,
+            memory_scaling: cli.memory_scaling,
+            core_scaling: cli.core_scaling,
+        },
+        host_dir: cli.host_dir.clone(),
+        allow_unscheduled: cli.allow_unscheduled,
+    };
+    let shared = Shared::new(
+        settings,
+        DeviceState::new(gpus, backend.vendor()),
+        Some(pods.clone()),
+    );
+
+    tokio::spawn(vgpu_device_plugin::health::run(
+        shared.clone(),
+        backend.clone(),
+        Duration::from_secs(cli.xid_recovery_seconds),
+    ));
+    tokio::spawn(vgpu_device_plugin::watch::run(shared.clone(), pods));
+    tokio::spawn(vgpu_device_plugin::inventory::run(
+        shared.clone(),
+        kube::Api::all(client),
+        Duration::from_secs(cli.heartbeat_seconds),
+    ));
+    let listener = tokio::net::TcpListener::bind(cli.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", cli.metrics_listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+    let router = vgpu_device_plugin::metrics::router(shared.clone(), Some(backend.clone()));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+
+    vgpu_device_plugin::kubelet::serve(
+        shared,
+        PluginEndpoint {
+            dir: cli.device_plugin_dir,
+            socket: cli.socket_name,
+            resource: cli.resource_name,
+        },
+        shutdown_signal(),
+    )
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Copies the library atomically (write beside, then rename), so a container starting meanwhile
+/// never maps a half-written file.
+fn install_lib(source: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let target = dir.join(LIB_NAME);
+    let tmp = dir.join(format!(".{LIB_NAME}.tmp"));
+    std::fs::copy(source, &tmp)
+        .with_context(|| format!("copying {} to {}", source.display(), tmp.display()))?;
+    std::fs::rename(&tmp, &target).with_context(|| format!("renaming to {}", target.display()))?;
+    std::fs::write(dir.join(PRELOAD_NAME), preload_contents())
+        .with_context(|| format!("writing {}", dir.join(PRELOAD_NAME).display()))?;
+    tracing::info!(target = %target.display(), "library installed");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,278 @@
+//! `/metrics`: per-container usage read from the hook's accounting files, and per-device allocation
+//! and health.
+//!
+//! Allocate writes a record `<host-dir>/allocations/<pod-uid>_<container>.json` (who the container
+//! is, which GPUs it got); the container's accounting file is
+//! `<host-dir>/containers/<pod-uid>_<container>/vgpu.cache`. The records live outside the directory
+//! mounted into the container, so a tenant cannot change the labels its usage is reported under.
+
+use crate::backend::DeviceBackend;
+use crate::plugin::Shared;
+use crate::pods::Claim;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use vgpu_core::accounting::Snapshot;
+use vgpu_core::assignment::DeviceSlice;
+
+/// Host-directory subfolder with the allocation records.
+pub const ALLOCATIONS_DIR: &str = "allocations";
+/// The accounting file's name in a container's directory.
+pub const CACHE_FILE: &str = "vgpu.cache";
+
+/// What Allocate answered for one container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    /// Pod uid.
+    pub uid: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Devices in visible order.
+    pub devices: Vec<DeviceSlice>,
+}
+
+/// Writes the record of an answered Allocate (best effort: metrics only).
+pub fn record_allocation(host_dir: &Path, claim: &Claim) {
+    let dir = host_dir.join(ALLOCATIONS_DIR);
+    let rec = AllocationRecord {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace.clone(),
+        pod: claim.name.clone(),
+        container: claim.container.name.clone(),
+        devices: claim.container.devices.clone(),
+    };
+    let path = dir.join(format!("{}_{}.json", rec.uid, rec.container));
+    let res = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, serde_json::to_vec(&rec).unwrap_or_default()));
+    if let Err(e) = res {
+        tracing::warn!(path = %path.display(), error = %e, "writing allocation record");
+    }
+}
+
+/// Removes the records and accounting directories of pods no longer on the node.
+pub fn forget_pods(host_dir: &Path, keep: impl Fn(&str) -> bool) {
+    for rec in read_records(host_dir) {
+        if keep(&rec.uid) {
+            continue;
+        }
+        let name = format!("{}_{}", rec.uid, rec.container);
+        let _ = std::fs::remove_file(host_dir.join(ALLOCATIONS_DIR).join(format!("{name}.json")));
+        let _ = std::fs::remove_dir_all(host_dir.join(crate::allocate::CONTAINERS_DIR).join(name));
+    }
+}
+
+/// All readable allocation records.
+pub fn read_records(host_dir: &Path) -> Vec<AllocationRecord> {
+    let Ok(entries) = std::fs::read_dir(host_dir.join(ALLOCATIONS_DIR)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<AllocationRecord> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    out.sort_by(|a, b| (&a.uid, &a.container).cmp(&(&b.uid, &b.container)));
+    out
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerLabels {
+    namespace: String,
+    pod: String,
+    container: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    node: String,
+    uuid: String,
+}
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// Renders the metrics as OpenMetrics text; `backend` adds the devices' utilization.
+pub fn render(shared: &Shared, backend: Option<&dyn DeviceBackend>) -> String {
+    let host_dir = &shared.settings.host_dir;
+    let mut reg = Registry::default();
+    let used = Family::<ContainerLabels, Gauge>::default();
+    let limit = Family::<ContainerLabels, Gauge>::default();
+    let peak = Family::<ContainerLabels, Gauge>::default();
+    let launches = Family::<ContainerLabels, Counter>::default();
+    let ooms = Family::<ContainerLabels, Counter>::default();
+    let throttled = Family::<ContainerLabels, Counter<f64, AtomicU64>>::default();
+    let dev_alloc = Family::<DeviceLabels, Gauge>::default();
+    let dev_limit = Family::<DeviceLabels, Gauge>::default();
+    let dev_cores = Family::<DeviceLabels, FGauge>::default();
+    let dev_healthy = Family::<DeviceLabels, Gauge>::default();
+    let dev_util = Family::<DeviceLabels, FGauge>::default();
+
+    let records = read_records(host_dir);
+    for r in &records {
+        let file = host_dir
+            .join(crate::allocate::CONTAINERS_DIR)
+            .join(format!("{}_{}", r.uid, r.container))
+            .join(CACHE_FILE);
+        let snap = std::fs::read(&file)
+            .ok()
+            .and_then(|b| Snapshot::parse(&b).ok());
+        for (i, d) in r.devices.iter().enumerate() {
+            let l = ContainerLabels {
+                namespace: r.namespace.clone(),
+                pod: r.pod.clone(),
+                container: r.container.clone(),
+                device: d.uuid.clone(),
+            };
+            limit
+                .get_or_create(&l)
+                .set(i64::try_from(d.memory_mib << 20).unwrap_or(i64::MAX));
+            let Some(s) = &snap else { continue };
+            let peak_bytes: u64 = s
+                .processes
+                .iter()
+                .map(|p| p.peak.get(i).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            used.get_or_create(&l)
+                .set(i64::try_from(s.used(i)).unwrap_or(i64::MAX));
+            peak.get_or_create(&l)
+                .set(i64::try_from(peak_bytes).unwrap_or(i64::MAX));
+            // Launch, refusal and throttle meters are per process, not per device: reported on
+            // the container's first device only, so that sums over devices stay right.
+            if i == 0 {
+                launches.get_or_create(&l).inc_by(s.launches());
+                ooms.get_or_create(&l).inc_by(s.oom_refusals());
+                let ns: u64 = s.processes.iter().map(|p| p.throttled_ns).sum();
+                throttled.get_or_create(&l).inc_by(ns as f64 / 1e9);
+            }
+        }
+    }
+    let devices = shared.devices();
+    let inv = devices.inventory(shared.settings.shape);
+    for d in &inv.devices {
+        let l = DeviceLabels {
+            node: shared.settings.node_name.clone(),
+            uuid: d.uuid.clone(),
+        };
+        let slices = records
+            .iter()
+            .flat_map(|r| &r.devices)
+            .filter(|s| s.uuid == d.uuid);
+        let (mib, cores) = slices.fold((0u64, 0u64), |(m, c), s| {
+            (m + s.memory_mib, c + u64::from(s.cores))
+        });
+        dev_alloc
+            .get_or_create(&l)
+            .set(i64::try_from(mib << 20).unwrap_or(i64::MAX));
+        dev_limit
+            .get_or_create(&l)
+            .set(i64::try_from(d.memory_mib << 20).unwrap_or(i64::MAX));
+        dev_cores
+            .get_or_create(&l)
+            .set(cores as f64 / f64::from(d.cores.max(1)));
+        dev_healthy.get_or_create(&l).set(i64::from(d.healthy));
+        if let Some(u) = backend.and_then(|b| b.utilization(d.index)) {
+            dev_util.get_or_create(&l).set(f64::from(u) / 100.0);
+        }
+    }
+    reg.register(
+        "vgpu_container_memory_used_bytes",
+        "Device memory the container's processes hold now",
+        used,
+    );
+    reg.register(
+        "vgpu_container_memory_limit_bytes",
+        "The container's device-memory limit",
+        limit,
+    );
+    reg.register(
+        "vgpu_container_memory_peak_bytes",
+        "Largest allocation total of one of the container's processes",
+        peak,
+    );
+    reg.register(
+        "vgpu_container_kernel_launches",
+        "Kernel launches by the container",
+        launches,
+    );
+    reg.register(
+        "vgpu_container_oom_refusals",
+        "Allocations refused as over the limit",
+        ooms,
+    );
+    reg.register(
+        "vgpu_container_throttled_seconds",
+        "Time kernel launches waited for the core limit",
+        throttled,
+    );
+    reg.register(
+        "vgpu_device_memory_allocated_bytes",
+        "Device memory assigned to containers on this GPU",
+        dev_alloc,
+    );
+    reg.register(
+        "vgpu_device_memory_limit_bytes",
+        "Device memory of this GPU after memory scaling",
+        dev_limit,
+    );
+    reg.register(
+        "vgpu_device_cores_allocated_ratio",
+        "Core percentage assigned on this GPU over its scaled capacity",
+        dev_cores,
+    );
+    reg.register(
+        "vgpu_device_healthy",
+        "1 when the GPU is healthy",
+        dev_healthy,
+    );
+    reg.register(
+        "vgpu_device_utilization_ratio",
+        "Share of the last sample period the GPU was busy, as the vendor library reports it",
+        dev_util,
+    );
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+    out
+}
+
+/// The `/metrics` router.
+pub fn router(
+    shared: std::sync::Arc<Shared>,
+    backend: Option<std::sync::Arc<dyn DeviceBackend>>,
+) -> axum::Router {
+    use axum::http::{header, HeaderMap};
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move |headers: HeaderMap| {
+            let shared = shared.clone();
+            let backend = backend.clone();
+            async move {
+                let om = render(&shared, backend.as_deref());
+                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                if vgpu_core::exposition::wants_openmetrics(accept) {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            vgpu_core::exposition::OPENMETRICS_TEXT,
+                        )],
+                        om,
+                    )
+                } else {
+                    (
+                        [(header::CONTENT_TYPE, vgpu_core::exposition::PROMETHEUS_TEXT)],
+                        vgpu_core::exposition::to_prometheus_text(&om),
+                    )
+                }
+            }
+        }),
+    )
+}

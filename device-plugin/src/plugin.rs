@@ -1,0 +1,311 @@
+//! The DevicePlugin gRPC service the kubelet calls.
+
+use crate::allocate;
+use crate::api;
+use crate::api::device_plugin_server::DevicePlugin;
+use crate::devices::{uuid_of, DeviceState, Shape};
+use crate::pods::{PodCache, PodEntry};
+use futures::Stream;
+use k8s_openapi::api::core::v1::Pod;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// Settings the service answers by.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node's name.
+    pub node_name: String,
+    /// Split count and scaling.
+    pub shape: Shape,
+    /// Host directory with the library, the preload list and the per-container directories.
+    pub host_dir: PathBuf,
+    /// Answer Allocate for pods without an assignment (whole devices, no limits).
+    pub allow_unscheduled: bool,
+}
+
+/// State shared by the gRPC service, the health loop, the pod watcher and the inventory task.
+pub struct Shared {
+    /// Settings.
+    pub settings: Settings,
+    devices: Mutex<DeviceState>,
+    /// The current ListAndWatch list; every change is sent to every stream.
+    list: watch::Sender<Vec<api::Device>>,
+    pods: Mutex<PodCache>,
+    /// Lists this node's vGPU pods when the cache has no match (the watch may lag the kubelet).
+    lister: Option<kube::Api<Pod>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// State for these devices; `lister` refreshes the pod cache on a miss.
+    pub fn new(
+        settings: Settings,
+        devices: DeviceState,
+        lister: Option<kube::Api<Pod>>,
+    ) -> Arc<Self> {
+        let (list, _) = watch::channel(devices.plugin_devices(settings.shape.split));
+        Arc::new(Self {
+            settings,
+            devices: Mutex::new(devices),
+            list,
+            pods: Mutex::new(PodCache::default()),
+            lister,
+        })
+    }
+
+    /// Runs `f` on the device state and publishes the list if `f` reports a change.
+    pub fn update_devices(&self, f: impl FnOnce(&mut DeviceState) -> bool) -> bool {
+        let mut d = lock(&self.devices);
+        let changed = f(&mut d);
+        if changed {
+            let list = d.plugin_devices(self.settings.shape.split);
+            self.list.send_replace(list);
+        }
+        changed
+    }
+
+    /// A copy of the device state.
+    pub fn devices(&self) -> DeviceState {
+        lock(&self.devices).clone()
+    }
+
+    /// A receiver of the ListAndWatch list.
+    pub fn subscribe(&self) -> watch::Receiver<Vec<api::Device>> {
+        self.list.subscribe()
+    }
+
+    /// Runs `f` on the pod cache.
+    pub fn with_pods<R>(&self, f: impl FnOnce(&mut PodCache) -> R) -> R {
+        f(&mut lock(&self.pods))
+    }
+
+    async fn refresh_pods(&self) -> Result<(), kube::Error> {
+        let Some(api) = &self.lister else {
+            return Ok(());
+        };
+        let lp = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.settings.node_name))
+            .labels(vgpu_core::annotations::MANAGED_SELECTOR);
+        let list = api.list(&lp).await?;
+        let node = &self.settings.node_name;
+        let entries = list
+            .items
+            .iter()
+            .filter_map(|p| PodEntry::from_pod(p, node))
+            .collect();
+        self.with_pods(|c| c.replace_all(entries));
+        Ok(())
+    }
+
+    /// Records on the pod which containers were answered (`vgpu.io/allocated`), so a restarted
+    /// plugin does not answer one twice. Best effort: the answer does not wait on a failed patch.
+    async fn mark_allocated(&self, claim: &crate::pods::Claim) {
+        let Some(api) = &self.lister else { return };
+        let names = self.with_pods(|c| c.answered(&claim.uid)).join(",");
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            vgpu_core::annotations::ALLOCATED: names,
+        }}});
+        let api: kube::Api<Pod> =
+            kube::Api::namespaced(api.clone().into_client(), &claim.namespace);
+        if let Err(e) = api
+            .patch(
+                &claim.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+        {
+            tracing::warn!(pod = %format!("{}/{}", claim.namespace, claim.name), error = %e, "marking containers allocated failed");
+        }
+    }
+
+    /// Answers one container of an Allocate.
+    pub async fn allocate_container(
+        &self,
+        ids: &[String],
+    ) -> Result<api::ContainerAllocateResponse, Status> {
+        if ids.is_empty() {
+            return Err(Status::invalid_argument(
+                "container request has no device IDs",
+            ));
+        }
+        let devices = self.devices();
+        if let Some(bad) = ids.iter().find(|id| devices.gpu(uuid_of(id)).is_none()) {
+            return Err(Status::invalid_argument(format!(
+                "device ID {bad:?} is not one this plugin advertises"
+            )));
+        }
+        let mut claim = self.with_pods(|c| c.claim(ids));
+        if claim.is_err() && self.lister.is_some() {
+            if let Err(e) = self.refresh_pods().await {
+                return Err(Status::unavailable(format!(
+                    "listing this node's pods from the API server: {e}"
+                )));
+            }
+            claim = self.with_pods(|c| c.claim(ids));
+        }
+        match claim {
+            Ok(claim) => {
+                let dir = allocate::container_dir(
+                    &self.settings.host_dir,
+                    &claim.uid,
+                    &claim.container.name,
+                );
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+                crate::metrics::record_allocation(&self.settings.host_dir, &claim);
+                self.mark_allocated(&claim).await;
+                tracing::info!(pod = %format!("{}/{}", claim.namespace, claim.name), container = %claim.container.name, ?ids, "allocated");
+                Ok(allocate::assigned(
+                    &self.settings.host_dir,
+                    &claim.uid,
+                    &claim.container,
+                ))
+            }
+            Err(_) if self.settings.allow_unscheduled => {
+                let mut uuids: Vec<String> = Vec::new();
+                for id in ids {
+                    let u = uuid_of(id).to_string();
+                    if !uuids.contains(&u) {
+                        uuids.push(u);
+                    }
+                }
+                tracing::warn!(
+                    ?ids,
+                    "no assignment matched; whole devices without limits (--allow-unscheduled)"
+                );
+                Ok(allocate::unscheduled(&self.settings.host_dir, &uuids))
+            }
+            Err(e) => Err(Status::failed_precondition(e.to_string())),
+        }
+    }
+
+    /// GetPreferredAllocation for one container: shares of the GPUs the scheduler assigned to the
+    /// next pod of this size, else packed onto the fewest GPUs.
+    pub fn preferred(&self, req: &api::ContainerPreferredAllocationRequest) -> Vec<String> {
+        let size = usize::try_from(req.allocation_size).unwrap_or(0);
+        let mut chosen: Vec<String> = req.must_include_device_i_ds.clone();
+        let mut used: Vec<String> = chosen.iter().map(|i| uuid_of(i).to_string()).collect();
+        let pick = |uuid: &str, chosen: &mut Vec<String>, used: &mut Vec<String>| {
+            if used.iter().any(|u| u == uuid) {
+                return;
+            }
+            if let Some(id) = req
+                .available_device_i_ds
+                .iter()
+                .find(|i| uuid_of(i) == uuid && !chosen.contains(i))
+            {
+                chosen.push(id.clone());
+                used.push(uuid.to_string());
+            }
+        };
+        let hint = self.with_pods(|c| c.peek_assigned(size));
+        for uuid in hint.iter().flatten() {
+            if chosen.len() >= size {
+                break;
+            }
+            pick(uuid, &mut chosen, &mut used);
+        }
+        // Pack: GPUs with the fewest free shares first (the most used), one share per GPU.
+        let mut free: Vec<(usize, String)> = Vec::new();
+        for id in &req.available_device_i_ds {
+            let u = uuid_of(id);
+            match free.iter_mut().find(|(_, x)| x == u) {
+                Some(e) => e.0 += 1,
+                None => free.push((1, u.to_string())),
+            }
+        }
+        free.sort();
+        for (_, uuid) in free {
+            if chosen.len() >= size {
+                break;
+            }
+            pick(&uuid, &mut chosen, &mut used);
+        }
+        chosen.truncate(size.max(req.must_include_device_i_ds.len()));
+        chosen
+    }
+}
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct Service(pub Arc<Shared>);
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for Service {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut rx = self.0.subscribe();
+        rx.mark_changed();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            let devices = rx.borrow_and_update().clone();
+            Some((Ok(api::ListAndWatchResponse { devices }), rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let container_responses = req
+            .get_ref()
+            .container_requests
+            .iter()
+            .map(|c| api::ContainerPreferredAllocationResponse {
+                device_i_ds: self.0.preferred(c),
+            })
+            .collect();
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let mut container_responses = Vec::new();
+        for c in &req.get_ref().container_requests {
+            container_responses.push(self.0.allocate_container(&c.devices_ids).await?);
+        }
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+/// The options this plugin registers with.
+pub fn options() -> api::DevicePluginOptions {
+    api::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}

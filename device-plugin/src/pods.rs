@@ -1,0 +1,370 @@
+//! The node's vGPU pods and the matcher that tells Allocate which pod and container it is serving.
+//!
+//! The kubelet's Allocate carries only device IDs, never a pod. The kubelet's device manager
+//! allocates one container at a time (init containers first, then app containers, in spec order),
+//! right after admitting the pod and before it starts, so the pod being allocated is a Pending pod on
+//! this node. The matcher takes the oldest such pod whose next not-yet-allocated container was
+//! assigned as many devices as requested, preferring one whose assigned GPUs are exactly the
+//! requested ones, and remembers what it answered so two racing pods of the same shape get different
+//! answers.
+
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::{HashMap, HashSet};
+use thiserror::Error;
+use vgpu_core::annotations::{ALLOCATED, ASSIGNMENT};
+use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
+
+use crate::devices::uuid_of;
+
+/// What the plugin remembers of one vGPU pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEntry {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+    /// `status.phase` is Pending (or not reported yet).
+    pub pending: bool,
+    /// The assignment, when the annotation is present and readable for this node.
+    pub assignment: Result<PodAssignment, String>,
+    /// Containers already answered, from the `vgpu.io/allocated` annotation.
+    pub allocated: Vec<String>,
+}
+
+impl PodEntry {
+    /// Reads a pod as the API returned it; `None` without a uid.
+    pub fn from_pod(pod: &Pod, node: &str) -> Option<PodEntry> {
+        let m = &pod.metadata;
+        let uid = m.uid.clone()?;
+        let assignment = match m.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT)) {
+            None => Err(format!("no {ASSIGNMENT} annotation")),
+            Some(v) => match PodAssignment::decode(v) {
+                Err(e) => Err(e.to_string()),
+                Ok(a) if a.node != node => Err(format!(
+                    "{ASSIGNMENT} names node {:?}, this is {node:?}",
+                    a.node
+                )),
+                Ok(a) => Ok(a),
+            },
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let allocated = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ALLOCATED))
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(PodEntry {
+            uid,
+            namespace: m.namespace.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+            created: m
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second())
+                .unwrap_or(0),
+            pending: matches!(phase, None | Some("Pending")),
+            assignment,
+            allocated,
+        })
+    }
+}
+
+/// The pod and container an Allocate was matched to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Pod uid.
+    pub uid: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// The container's assignment.
+    pub container: ContainerAssignment,
+}
+
+/// No pod fits an Allocate.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("no pending vGPU pod on this node has a container waiting for {count} device(s) on {uuids:?}{detail}; was the pod placed by the vgpu scheduler (annotation {ASSIGNMENT})?")]
+pub struct NoMatch {
+    /// Devices requested.
+    pub count: usize,
+    /// GPUs requested.
+    pub uuids: Vec<String>,
+    /// Why pending pods did not fit, when some exist.
+    pub detail: String,
+}
+
+/// The node's vGPU pods.
+#[derive(Debug, Default)]
+pub struct PodCache {
+    pods: HashMap<String, PodEntry>,
+    /// (pod uid, container name) already answered.
+    allocated: HashSet<(String, String)>,
+}
+
+impl PodCache {
+    /// Adds or replaces a pod; containers its annotation marks as answered stay answered.
+    pub fn upsert(&mut self, e: PodEntry) {
+        for c in &e.allocated {
+            self.allocated.insert((e.uid.clone(), c.clone()));
+        }
+        self.pods.insert(e.uid.clone(), e);
+    }
+
+    /// Containers of pod `uid` answered so far, in assignment order.
+    pub fn answered(&self, uid: &str) -> Vec<String> {
+        let Some(Ok(a)) = self.pods.get(uid).map(|p| &p.assignment) else {
+            return Vec::new();
+        };
+        a.containers
+            .iter()
+            .filter(|c| self.allocated.contains(&(uid.to_string(), c.name.clone())))
+            .map(|c| c.name.clone())
+            .collect()
+    }
+
+    /// Forgets a pod and what was answered for it.
+    pub fn remove(&mut self, uid: &str) {
+        self.pods.remove(uid);
+        self.allocated.retain(|(u, _)| u != uid);
+    }
+
+    /// Replaces all pods (a relist); answers for pods still present are kept.
+    pub fn replace_all(&mut self, entries: Vec<PodEntry>) {
+        for e in &entries {
+            for c in &e.allocated {
+                self.allocated.insert((e.uid.clone(), c.clone()));
+            }
+        }
+        self.pods = entries.into_iter().map(|e| (e.uid.clone(), e)).collect();
+        let pods = &self.pods;
+        self.allocated.retain(|(u, _)| pods.contains_key(u));
+    }
+
+    /// Number of cached pods.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether no pod is cached.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The pod with this uid.
+    pub fn get(&self, uid: &str) -> Option<&PodEntry> {
+        self.pods.get(uid)
+    }
+
+    /// The GPUs assigned to the next container waiting for `count` devices, oldest pod first (the
+    /// hint GetPreferredAllocation gives the kubelet); records nothing.
+    pub fn peek_assigned(&self, count: usize) -> Option<Vec<String>> {
+        let mut best: Option<(&PodEntry, &ContainerAssignment)> = None;
+        for p in self.pods.values().filter(|p| p.pending) {
+            let Ok(a) = &p.assignment else { continue };
+            let next = a
+                .containers
+                .iter()
+                .find(|c| !self.allocated.contains(&(p.uid.clone(), c.name.clone())));
+            if let Some(c) = next.filter(|c| c.devices.len() == count) {
+                let older = best.is_none_or(|(b, _)| {
+                    (p.created, &p.namespace, &p.name) < (b.created, &b.namespace, &b.name)
+                });
+                if older {
+                    best = Some((p, c));
+                }
+            }
+        }
+        best.map(|(_, c)| c.devices.iter().map(|d| d.uuid.clone()).collect())
+    }
+
+    /// Finds the pod and container for an Allocate of `ids` and records the answer.
+    pub fn claim(&mut self, ids: &[String]) -> Result<Claim, NoMatch> {
+        let mut uuids: Vec<String> = Vec::new();
+        for id in ids {
+            let u = uuid_of(id);
+            if !uuids.iter().any(|x| x == u) {
+                uuids.push(u.to_string());
+            }
+        }
+        let mut want = uuids.clone();
+        want.sort();
+        let mut candidates: Vec<(&PodEntry, &ContainerAssignment)> = Vec::new();
+        let mut skipped = Vec::new();
+        for p in self.pods.values().filter(|p| p.pending) {
+            let a = match &p.assignment {
+                Ok(a) => a,
+                Err(e) => {
+                    skipped.push(format!("{}/{}: {e}", p.namespace, p.name));
+                    continue;
+                }
+            };
+            let next = a
+                .containers
+                .iter()
+                .find(|c| !self.allocated.contains(&(p.uid.clone(), c.name.clone())));
+            match next {
+                Some(c) if c.devices.len() == ids.len() => candidates.push((p, c)),
+                Some(c) => skipped.push(format!(
+                    "{}/{}: next container {} has {} device(s)",
+                    p.namespace,
+                    p.name,
+                    c.name,
+                    c.devices.len()
+                )),
+                None => {}
+            }
+        }
+        candidates.sort_by(|a, b| {
+            (a.0.created, &a.0.namespace, &a.0.name).cmp(&(b.0.created, &b.0.namespace, &b.0.name))
+        });
+        let same_gpus = |c: &ContainerAssignment| {
+            let mut have: Vec<&str> = c.devices.iter().map(|d| d.uuid.as_str()).collect();
+            have.sort();
+            have == want.iter().map(String::as_str).collect::<Vec<_>>()
+        };
+        let chosen = candidates
+            .iter()
+            .find(|(_, c)| same_gpus(c))
+            .or_else(|| candidates.first())
+            .map(|(p, c)| Claim {
+                uid: p.uid.clone(),
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                container: (*c).clone(),
+            });
+        match chosen {
+            Some(claim) => {
+                self.allocated
+                    .insert((claim.uid.clone(), claim.container.name.clone()));
+                Ok(claim)
+            }
+            None => {
+                skipped.sort();
+                Err(NoMatch {
+                    count: ids.len(),
+                    uuids,
+                    detail: if skipped.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", skipped.join("; "))
+                    },
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use vgpu_core::assignment::DeviceSlice;
+
+    fn entry(uid: &str, created: i64, containers: &[(&str, &[&str])]) -> PodEntry {
+        PodEntry {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("pod-{uid}"),
+            created,
+            pending: true,
+            assignment: Ok(PodAssignment::new(
+                "n1",
+                containers
+                    .iter()
+                    .map(|(name, uuids)| ContainerAssignment {
+                        name: name.to_string(),
+                        devices: uuids
+                            .iter()
+                            .map(|u| DeviceSlice {
+                                uuid: u.to_string(),
+                                memory_mib: 1024,
+                                cores: 10,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            )),
+            allocated: Vec::new(),
+        }
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn oldest_first_then_next_pod() {
+        let mut c = PodCache::default();
+        c.upsert(entry("b", 20, &[("main", &["GPU-1"])]));
+        c.upsert(entry("a", 10, &[("main", &["GPU-0"])]));
+        // Same shape, the kubelet picked shares of neither assigned GPU: oldest first.
+        assert_eq!(c.claim(&ids(&["GPU-9::0"])).unwrap().uid, "a");
+        assert_eq!(c.claim(&ids(&["GPU-9::1"])).unwrap().uid, "b");
+        let e = c.claim(&ids(&["GPU-9::2"])).unwrap_err();
+        assert_eq!(e.count, 1);
+    }
+
+    #[test]
+    fn exact_gpus_win_over_age() {
+        let mut c = PodCache::default();
+        c.upsert(entry("a", 10, &[("main", &["GPU-0"])]));
+        c.upsert(entry("b", 20, &[("main", &["GPU-1"])]));
+        assert_eq!(c.claim(&ids(&["GPU-1::3"])).unwrap().uid, "b");
+        assert_eq!(c.claim(&ids(&["GPU-0::3"])).unwrap().uid, "a");
+    }
+
+    #[test]
+    fn containers_in_order_and_by_count() {
+        let mut c = PodCache::default();
+        c.upsert(entry(
+            "a",
+            10,
+            &[("init", &["GPU-0"]), ("main", &["GPU-0", "GPU-1"])],
+        ));
+        let first = c.claim(&ids(&["GPU-0::1"])).unwrap();
+        assert_eq!(first.container.name, "init");
+        let e = c.claim(&ids(&["GPU-0::2"])).unwrap_err();
+        assert!(e.detail.contains("next container main has 2"), "{e}");
+        let second = c.claim(&ids(&["GPU-0::2", "GPU-1::0"])).unwrap();
+        assert_eq!(second.container.name, "main");
+        assert_eq!(c.answered("a"), ["init", "main"]);
+        c.remove("a");
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn annotation_marks_containers_answered() {
+        let mut c = PodCache::default();
+        let mut e = entry("a", 10, &[("init", &["GPU-0"]), ("main", &["GPU-0"])]);
+        e.allocated = vec!["init".into()];
+        c.upsert(e);
+        assert_eq!(c.claim(&ids(&["GPU-0::0"])).unwrap().container.name, "main");
+    }
+
+    #[test]
+    fn skips_running_and_unassigned() {
+        let mut c = PodCache::default();
+        let mut running = entry("r", 1, &[("main", &["GPU-0"])]);
+        running.pending = false;
+        c.upsert(running);
+        let mut bare = entry("u", 2, &[]);
+        bare.assignment = Err("no vgpu.io/assignment annotation".into());
+        c.upsert(bare);
+        let e = c.claim(&ids(&["GPU-0::0"])).unwrap_err();
+        assert!(
+            e.to_string().contains("ns/pod-u: no vgpu.io/assignment"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,664 @@
+//! The real `vgpu-device-plugin` binary against its real boundaries: the fake NVML loaded through
+//! `--nvml-lib` (dlopen), the fake kubelet over unix-socket gRPC, and the fake API server over HTTPS
+//! through a kubeconfig.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use vgpu_core::accounting::{ProcessUsage, Snapshot};
+use vgpu_core::annotations::{ASSIGNMENT, MANAGED_LABEL, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::assignment::{ContainerAssignment, DeviceSlice, PodAssignment};
+use vgpu_core::inventory::NodeInventory;
+use vgpu_fake_apiserver::FakeApiServer;
+use vgpu_fake_kubelet::api::Device;
+use vgpu_fake_kubelet::{FakeKubelet, PluginClient};
+use vgpu_tests::process::Running;
+
+const NODE: &str = "gpu-node-1";
+const SOCKET: &str = "vgpu-nvidia.sock";
+const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+const GPU1: &str = "GPU-11111111-1111-1111-1111-111111111111";
+const T: Duration = Duration::from_secs(10);
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    dp_dir: PathBuf,
+    host_dir: PathBuf,
+    events: PathBuf,
+    api: FakeApiServer,
+    kubelet: FakeKubelet,
+    plugin: Running,
+    metrics_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Two A100-40GB cards: GPU 0 on NUMA node 0, GPU 1 without a NUMA affinity.
+fn nvml_config(events: &Path) -> Value {
+    json!({
+        "gpus": [
+            {"uuid": GPU0, "name": "NVIDIA A100-PCIE-40GB", "memoryMib": 40960, "numa": 0,
+             "busId": "00000000:3B:00.0", "utilization": [10, 20]},
+            {"uuid": GPU1, "name": "NVIDIA A100-PCIE-40GB", "memoryMib": 40960}
+        ],
+        "eventsFile": events,
+    })
+}
+
+fn plugin_command(
+    dp_dir: &Path,
+    host_dir: &Path,
+    metrics_port: u16,
+    extra: &[&str],
+    kubeconfig: &Path,
+    config: &Path,
+) -> Command {
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-device-plugin"));
+    cmd.arg(format!(
+        "--nvml-lib={}",
+        vgpu_tests::cdylib("fake_nvml").display()
+    ))
+    .arg(format!("--device-plugin-dir={}", dp_dir.display()))
+    .arg(format!("--host-dir={}", host_dir.display()))
+    .arg("--split-count=4")
+    .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+    .args(extra)
+    .env("NODE_NAME", NODE)
+    .env("KUBECONFIG", kubeconfig)
+    .env("FAKE_NVML_CONFIG", config)
+    .env("RUST_LOG", "info");
+    cmd
+}
+
+async fn start(extra: &[&str]) -> Env {
+    let tmp = tempfile::tempdir().unwrap();
+    let dp_dir = tmp.path().join("device-plugins");
+    let host_dir = tmp.path().join("vgpu");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+    let events = tmp.path().join("xid-events");
+    std::fs::write(&events, "").unwrap();
+    let config = tmp.path().join("nvml.json");
+    std::fs::write(&config, nvml_config(&events).to_string()).unwrap();
+    let api = FakeApiServer::start().await.unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
+        .unwrap();
+    let kubelet = FakeKubelet::start(&dp_dir).await.unwrap();
+    let metrics_port = free_port();
+    let cmd = plugin_command(
+        &dp_dir,
+        &host_dir,
+        metrics_port,
+        extra,
+        &kubeconfig,
+        &config,
+    );
+    let plugin = Running::spawn("vgpu-device-plugin", cmd);
+    Env {
+        _tmp: tmp,
+        dp_dir,
+        host_dir,
+        events,
+        api,
+        kubelet,
+        plugin,
+        metrics_port,
+    }
+}
+
+impl Env {
+    /// Waits for registration number `n` (1-based), then dials the plugin as the kubelet does.
+    async fn registered(&self, n: usize) -> PluginClient {
+        let r = self.kubelet.wait_registrations(n, T).await;
+        let r = r.unwrap_or_else(|| {
+            panic!(
+                "no registration #{n}; plugin output:\n{}",
+                self.plugin.output().join("\n")
+            )
+        });
+        assert_eq!(r.endpoint, SOCKET);
+        vgpu_tests::wait_for_async(T, "dialing the plugin", || async {
+            self.kubelet.dial(&r.endpoint).await.ok()
+        })
+        .await
+    }
+
+    /// Kills the plugin and starts it again with the same flags (a DaemonSet pod restart).
+    fn restart_plugin(&mut self) {
+        self.plugin.kill();
+        let tmp = self._tmp.path();
+        let cmd = plugin_command(
+            &self.dp_dir,
+            &self.host_dir,
+            self.metrics_port,
+            &[],
+            &tmp.join("kubeconfig"),
+            &tmp.join("nvml.json"),
+        );
+        self.plugin = Running::spawn("vgpu-device-plugin (restarted)", cmd);
+    }
+
+    fn registrations(&self) -> usize {
+        self.kubelet.registrations().len()
+    }
+
+    fn xid(&self, gpu: u32, xid: u64) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.events)
+            .unwrap();
+        writeln!(f, "{gpu} {xid}").unwrap();
+    }
+
+    /// A Pending vGPU pod bound to this node, with an assignment unless `assignment` is `None`.
+    fn pod(&self, name: &str, assignment: Option<&PodAssignment>) -> String {
+        let mut annotations = serde_json::Map::new();
+        if let Some(a) = assignment {
+            annotations.insert(ASSIGNMENT.into(), a.encode().into());
+        }
+        let pod = self
+            .api
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "team-a",
+                    "labels": {MANAGED_LABEL: "true"}, "annotations": annotations},
+                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda"}]},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap();
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    fn node_annotations(&self) -> Value {
+        self.api
+            .get("v1", "nodes", "", NODE)
+            .map(|n| n["metadata"]["annotations"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+}
+
+/// (uuid, MiB, cores) of one slice.
+type Slice<'a> = (&'a str, u64, u32);
+
+fn assignment(containers: &[(&str, &[Slice<'_>])]) -> PodAssignment {
+    PodAssignment::new(
+        NODE,
+        containers
+            .iter()
+            .map(|(name, devs)| ContainerAssignment {
+                name: name.to_string(),
+                devices: devs
+                    .iter()
+                    .map(|(u, m, c)| DeviceSlice {
+                        uuid: u.to_string(),
+                        memory_mib: *m,
+                        cores: *c,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    )
+}
+
+fn health_of<'a>(devices: &'a [Device], uuid: &str) -> Vec<&'a str> {
+    devices
+        .iter()
+        .filter(|d| d.id.starts_with(&format!("{uuid}::")))
+        .map(|d| d.health.as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_and_lists_split_devices_with_numa() {
+    let env = start(&[]).await;
+    let r = env.kubelet.wait_registrations(1, T).await.unwrap();
+    assert_eq!(r.version, "v1beta1");
+    assert_eq!(r.resource_name, "nvidia.com/gpu");
+    assert!(r.options.unwrap().get_preferred_allocation_available);
+    let mut c = env.registered(1).await;
+    let opts = c
+        .client
+        .get_device_plugin_options(vgpu_fake_kubelet::api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+    let devices = c.list_and_watch().await.unwrap().next(T).await.unwrap();
+    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(devices.len(), 2 * 4, "2 GPUs x --split-count 4: {ids:?}");
+    assert_eq!(ids[0], format!("{GPU0}::0"));
+    assert_eq!(ids[7], format!("{GPU1}::3"));
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+    assert_eq!(devices[0].topology.as_ref().unwrap().nodes[0].id, 0);
+    assert!(devices[4].topology.is_none(), "GPU 1 has no NUMA node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn critical_xid_flips_health_within_a_second_and_recovers() {
+    let env = start(&["--xid-recovery-seconds=2"]).await;
+    let mut c = env.registered(1).await;
+    let mut watch = c.list_and_watch().await.unwrap();
+    watch.next(T).await.unwrap();
+    // XID 43 (GPU stopped processing) is the application's fault: ignored.
+    env.xid(1, 43);
+    env.xid(0, 79); // fell off the bus
+    let t0 = std::time::Instant::now();
+    let list = watch
+        .until(T, |d| health_of(d, GPU0).iter().all(|h| *h == "Unhealthy"))
+        .await
+        .expect("GPU 0 turns unhealthy");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(health_of(&list, GPU1).iter().all(|h| *h == "Healthy"));
+    // The inventory follows.
+    vgpu_tests::wait_for_async(T, "inventory shows GPU 0 unhealthy", || async {
+        let a = env.node_annotations();
+        let inv = NodeInventory::decode(a[NODE_DEVICES].as_str()?).ok()?;
+        (!inv.devices[0].healthy && inv.devices[1].healthy).then_some(())
+    })
+    .await;
+    // Quiet for the recovery window and still listed by NVML: healthy again.
+    watch
+        .until(T, |d| d.iter().all(|x| x.health == "Healthy"))
+        .await
+        .expect("GPU 0 recovers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_single_and_multi_gpu_from_the_assignment() {
+    let env = start(&["--memory-scaling=2"]).await;
+    let mut c = env.registered(1).await;
+    // Single GPU, 50 % of a 40 GiB card with --memory-scaling 2: the scheduler resolved it to
+    // 40960 MiB against the scaled inventory; the plugin passes the amount through.
+    let one = env.pod("one", Some(&assignment(&[("main", &[(GPU1, 40960, 30)])])));
+    let r = c.allocate(&[&format!("{GPU1}::2")]).await.unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], GPU1);
+    assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "40960m");
+    assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT_0"], "30");
+    assert_eq!(
+        r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
+        "/tmp/vgpu/vgpu.cache"
+    );
+    let mounts: Vec<(&str, &str, bool)> = r
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.host_path.as_str(), m.read_only))
+        .collect();
+    let host = env.host_dir.display().to_string();
+    let dir = format!("{host}/containers/{one}_main");
+    assert_eq!(
+        mounts,
+        vec![
+            (
+                "/usr/local/vgpu/libvgpu.so",
+                format!("{host}/libvgpu.so").as_str(),
+                true
+            ),
+            (
+                "/etc/ld.so.preload",
+                format!("{host}/ld.so.preload").as_str(),
+                true
+            ),
+            ("/tmp/vgpu", dir.as_str(), false),
+        ]
+    );
+    assert!(Path::new(&dir).is_dir(), "per-container dir created");
+    assert_eq!(
+        std::fs::read_to_string(env.host_dir.join("ld.so.preload")).unwrap(),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+
+    // Two GPUs, in the assignment's order, one limit pair per visible device.
+    env.pod(
+        "two",
+        Some(&assignment(&[(
+            "main",
+            &[(GPU1, 8192, 50), (GPU0, 4096, 25)],
+        )])),
+    );
+    let r = c
+        .allocate(&[&format!("{GPU0}::0"), &format!("{GPU1}::0")])
+        .await
+        .unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], format!("{GPU1},{GPU0}"));
+    assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "8192m");
+    assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "4096m");
+    assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT_1"], "25");
+
+    // Nothing left to allocate: a clear error, not a guess.
+    let e = c.allocate(&[&format!("{GPU0}::1")]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("vgpu.io/assignment"),
+        "{}",
+        e.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_pods_of_one_shape_get_their_own_assignment() {
+    let env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    env.pod("a", Some(&assignment(&[("main", &[(GPU0, 1000, 10)])])));
+    env.pod("b", Some(&assignment(&[("main", &[(GPU1, 2000, 20)])])));
+    // The kubelet chose shares on the GPUs the scheduler picked, in the opposite order.
+    let id0 = format!("{GPU0}::0");
+    let ids0 = [id0.as_str()];
+    let (rb, ra) = tokio::join!(
+        async {
+            let mut c2 = env.kubelet.dial(SOCKET).await.unwrap();
+            c2.allocate(&[&format!("{GPU1}::0")]).await.unwrap()
+        },
+        c.allocate(&ids0),
+    );
+    let ra = ra.unwrap();
+    assert_eq!(ra.envs["NVIDIA_VISIBLE_DEVICES"], GPU0);
+    assert_eq!(ra.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    assert_eq!(rb.envs["NVIDIA_VISIBLE_DEVICES"], GPU1);
+    assert_eq!(rb.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plugin_does_not_answer_a_container_twice() {
+    let mut env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    env.pod(
+        "two-step",
+        Some(&assignment(&[
+            ("init", &[(GPU0, 1000, 0)]),
+            ("main", &[(GPU0, 2000, 0)]),
+        ])),
+    );
+    let r = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
+    assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    let pod = env.api.get("v1", "pods", "team-a", "two-step").unwrap();
+    assert_eq!(pod["metadata"]["annotations"]["vgpu.io/allocated"], "init");
+    let before = env.registrations();
+    tokio::task::block_in_place(|| env.restart_plugin());
+    let mut c = env.registered(before + 1).await;
+    let r = c.allocate(&[&format!("{GPU0}::1")]).await.unwrap();
+    assert_eq!(
+        r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m",
+        "main, not init again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_annotation_is_an_error_unless_allow_unscheduled() {
+    let env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    env.pod("bare", None);
+    let e = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message()
+            .contains("team-a/bare: no vgpu.io/assignment annotation"),
+        "{}",
+        e.message()
+    );
+    let e = c.allocate(&["GPU-unknown::0"]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    drop(env);
+
+    let env = start(&["--allow-unscheduled"]).await;
+    let mut c = env.registered(1).await;
+    env.pod("bare", None);
+    let r = c
+        .allocate(&[&format!("{GPU0}::0"), &format!("{GPU1}::3")])
+        .await
+        .unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], format!("{GPU0},{GPU1}"));
+    assert!(!r.envs.keys().any(|k| k.starts_with("CUDA_DEVICE_")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocation_follows_the_scheduler_else_packs() {
+    let env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    let all: Vec<String> = (0..4)
+        .flat_map(|k| [format!("{GPU0}::{k}"), format!("{GPU1}::{k}")])
+        .collect();
+    // No pod waiting: pack onto the GPU with the fewest free shares (GPU 1 here).
+    let avail: Vec<String> = all
+        .iter()
+        .filter(|i| !i.ends_with(&format!("{GPU1}::0")))
+        .cloned()
+        .collect();
+    let p = c.preferred(&avail, &[], 1).await.unwrap();
+    assert_eq!(p.len(), 1);
+    assert!(p[0].starts_with(GPU1), "{p:?}");
+    // A pod assigned GPU 0: its share is preferred.
+    env.pod("p", Some(&assignment(&[("main", &[(GPU0, 1000, 0)])])));
+    // The watch delivers the pod; poll until the hint follows it.
+    let got = vgpu_tests::wait_for_async(T, "preferred follows the assignment", || {
+        let avail = avail.clone();
+        let kubelet = &env.kubelet;
+        async move {
+            let mut c2 = kubelet.dial(SOCKET).await.ok()?;
+            let p = c2.preferred(&avail, &[], 1).await.ok()?;
+            p.first().filter(|id| id.starts_with(GPU0)).cloned()
+        }
+    })
+    .await;
+    assert!(got.starts_with(GPU0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_and_socket_removal_re_register() {
+    let mut env = start(&[]).await;
+    env.registered(1).await;
+    let t0 = std::time::Instant::now();
+    let before = env.registrations();
+    env.kubelet.restart().await.unwrap();
+    let c = env.registered(before + 1).await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let list = vgpu_tests::wait_for_async(T, "a device list on the new socket", || async {
+        let mut c = env.kubelet.dial(SOCKET).await.ok()?;
+        c.list_and_watch().await.ok()?.next(T).await
+    })
+    .await;
+    assert_eq!(list.len(), 8);
+    drop(c);
+    // Our socket deleted (by hand, by a node cleanup): served and registered again.
+    let before = env.registrations();
+    std::fs::remove_file(env.dp_dir.join(SOCKET)).unwrap();
+    env.registered(before + 1).await;
+    assert!(env.dp_dir.join(SOCKET).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_removes_the_socket() {
+    let mut env = start(&[]).await;
+    env.registered(1).await;
+    assert!(env.dp_dir.join(SOCKET).exists());
+    let st = Command::new("kill")
+        .arg("-TERM")
+        .arg(env.plugin.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = tokio::task::block_in_place(|| env.plugin.wait_exit(T)).expect("exits");
+    assert!(status.success(), "{status}");
+    assert!(!env.dp_dir.join(SOCKET).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_inventory_and_heartbeat() {
+    let env = start(&[
+        "--memory-scaling=1.5",
+        "--core-scaling=2",
+        "--heartbeat-seconds=1",
+    ])
+    .await;
+    env.registered(1).await;
+    let first = vgpu_tests::wait_for_async(T, "node annotations", || async {
+        let a = env.node_annotations();
+        Some((
+            a[NODE_DEVICES].as_str()?.to_string(),
+            a[NODE_HEARTBEAT].as_str()?.to_string(),
+        ))
+    })
+    .await;
+    let inv = NodeInventory::decode(&first.0).unwrap();
+    assert_eq!(inv.version, 1);
+    assert_eq!(inv.devices.len(), 2);
+    let d = &inv.devices[0];
+    assert_eq!(
+        (d.uuid.as_str(), d.index, d.model.as_str()),
+        (GPU0, 0, "NVIDIA A100-PCIE-40GB")
+    );
+    assert_eq!((d.memory_mib, d.cores, d.split), (61440, 200, 4));
+    assert_eq!((d.numa, d.healthy), (Some(0), true));
+    assert_eq!(inv.devices[1].numa, None);
+    vgpu_core::time::parse_rfc3339(&first.1).unwrap();
+    // The heartbeat moves on.
+    vgpu_tests::wait_for_async(T, "a newer heartbeat", || async {
+        let a = env.node_annotations();
+        let hb = a[NODE_HEARTBEAT].as_str()?;
+        (hb > first.1.as_str()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_read_the_hooks_accounting_files() {
+    let env = start(&[]).await;
+    let mut c = env.registered(1).await;
+    let uid = env.pod("m", Some(&assignment(&[("main", &[(GPU0, 2048, 40)])])));
+    c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
+    // What the hook would write into the container's accounting file.
+    let mut s = Snapshot::default();
+    s.memory_limit[0] = 2048 << 20;
+    let mut p = ProcessUsage {
+        pid: 42,
+        launches: 7,
+        oom_refusals: 1,
+        throttled_ns: 1_500_000_000,
+        ..Default::default()
+    };
+    p.used[0] = 1 << 30;
+    p.peak[0] = 3 << 29;
+    s.processes.push(p);
+    std::fs::write(
+        env.host_dir
+            .join(format!("containers/{uid}_main/vgpu.cache")),
+        s.to_bytes(),
+    )
+    .unwrap();
+    let text = env.metrics().await;
+    let labels = format!("namespace=\"team-a\",pod=\"m\",container=\"main\",device=\"{GPU0}\"");
+    for line in [
+        format!("vgpu_container_memory_used_bytes{{{labels}}} 1073741824"),
+        format!("vgpu_container_memory_limit_bytes{{{labels}}} 2147483648"),
+        format!("vgpu_container_memory_peak_bytes{{{labels}}} 1610612736"),
+        format!("vgpu_container_kernel_launches_total{{{labels}}} 7"),
+        format!("vgpu_container_oom_refusals_total{{{labels}}} 1"),
+        format!("vgpu_container_throttled_seconds_total{{{labels}}} 1.5"),
+        format!("vgpu_device_memory_allocated_bytes{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 2147483648"),
+        format!("vgpu_device_memory_limit_bytes{{node=\"{NODE}\",uuid=\"{GPU1}\"}} 42949672960"),
+        format!("vgpu_device_cores_allocated_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.4"),
+        format!("vgpu_device_healthy{{node=\"{NODE}\",uuid=\"{GPU1}\"}} 1"),
+        // NVML's utilization of GPU 0: the fake's series starts at 10 %.
+        format!("vgpu_device_utilization_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.1"),
+        "# TYPE vgpu_container_kernel_launches_total counter".to_string(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+    // The series moves on with each sample (10, 20, 10, ...).
+    let text = env.metrics().await;
+    let want = format!("vgpu_device_utilization_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.2");
+    assert!(
+        text.lines().any(|l| l == want),
+        "missing {want:?} in:\n{text}"
+    );
+}
+
+#[test]
+fn install_lib_copies_the_library_and_the_preload_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("libvgpu.so");
+    std::fs::write(&src, b"\x7fELF fake").unwrap();
+    let dest = tmp.path().join("host");
+    let out = Command::new(vgpu_tests::binary("vgpu-device-plugin"))
+        .arg(format!("--install-lib={}", dest.display()))
+        .arg(format!("--lib-source={}", src.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read(dest.join("libvgpu.so")).unwrap(),
+        b"\x7fELF fake"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dest.join("ld.so.preload")).unwrap(),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+    let out = Command::new(vgpu_tests::binary("vgpu-device-plugin"))
+        .arg(format!("--install-lib={}", dest.display()))
+        .arg("--lib-source=/nonexistent/libvgpu.so")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/libvgpu.so"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dcu_backend_from_sysfs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys = tmp.path().join("sys");
+    for (n, uid) in [(0, "aa01"), (1, "aa02")] {
+        let dev = sys.join(format!("class/drm/card{n}/device"));
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("vendor"), "0x1d94\n").unwrap();
+        std::fs::write(dev.join("mem_info_vram_total"), "68719476736\n").unwrap();
+        std::fs::write(dev.join("unique_id"), format!("{uid}\n")).unwrap();
+        std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
+    }
+    let env = start(&[
+        "--backend=dcu",
+        &format!("--sysfs-root={}", sys.display()),
+        "--split-count=2",
+    ])
+    .await;
+    let mut c = env.registered(1).await;
+    let devices = c.list_and_watch().await.unwrap().next(T).await.unwrap();
+    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["DCU-aa01::0", "DCU-aa01::1", "DCU-aa02::0", "DCU-aa02::1"]
+    );
+    let inv = vgpu_tests::wait_for_async(T, "DCU inventory", || async {
+        NodeInventory::decode(env.node_annotations()[NODE_DEVICES].as_str()?).ok()
+    })
+    .await;
+    assert_eq!(inv.devices[0].memory_mib, 65536);
+    assert_eq!(inv.devices[0].vendor, "dcu");
+}
