@@ -72,17 +72,116 @@ real_table! {
     cuInit: fn(c_uint);
     cuCtxGetDevice: fn(*mut c_int);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
+    cuMemAlloc: fn(*mut u32, c_uint);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
+    cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint);
     cuMemAllocAsync: fn(*mut CUdeviceptr, usize, *mut c_void);
     cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, *mut c_void);
+    cuMemAllocFromPoolAsync: fn(*mut CUdeviceptr, usize, *mut c_void, *mut c_void);
+    cuMemAllocFromPoolAsync_ptsz: fn(*mut CUdeviceptr, usize, *mut c_void, *mut c_void);
     cuMemFreeAsync: fn(CUdeviceptr, *mut c_void);
     cuMemFreeAsync_ptsz: fn(CUdeviceptr, *mut c_void);
     cuMemFree_v2: fn(CUdeviceptr);
+    cuMemFree: fn(u32);
+    cuMemCreate: fn(*mut u64, usize, *const c_void, u64);
+    cuMemRelease: fn(u64);
+    cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);
+    cuArray3DCreate_v2: fn(*mut *mut c_void, *const Array3dDescriptor);
+    cuArrayDestroy: fn(*mut c_void);
     cuMemGetInfo_v2: fn(*mut usize, *mut usize);
+    cuMemGetInfo: fn(*mut c_uint, *mut c_uint);
     cuDeviceTotalMem_v2: fn(*mut usize, c_int);
     cuLaunchKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchCooperativeKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void);
+    cuLaunchCooperativeKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void);
+    cuLaunchKernelEx: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchKernelEx_ptsz: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuGraphLaunch: fn(*mut c_void, *mut c_void);
+    cuGraphLaunch_ptsz: fn(*mut c_void, *mut c_void);
     cuGetProcAddress: fn(*const c_char, *mut *mut c_void, c_int, u64);
     cuGetProcAddress_v2: fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int);
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (cuda.h).
+#[repr(C)]
+pub struct ArrayDescriptor {
+    width: usize,
+    height: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (cuda.h).
+#[repr(C)]
+pub struct Array3dDescriptor {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+/// `CUlaunchConfig` (cuda.h, CUDA 12.0): grid and block dimensions first.
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: *mut c_void,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+
+/// `CUmemAllocationProp` prefix (cuda.h): type, requested handle types, location {type, id}.
+#[repr(C)]
+struct MemAllocationProp {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+}
+
+/// Bytes of one element channel of a `CUarray_format`: 8-, 16- and 32-bit integer formats, half and
+/// float (cuda.h `CU_AD_FORMAT_*`); formats added later (block-compressed, NV12, ...) are charged as
+/// 32-bit, the widest channel, so an array is never under-charged for them.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    }
+}
+
+fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
+    (w.max(1) as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(format_bytes(format))
+        .saturating_mul(u64::from(channels.max(1)))
+}
+
+/// Row pitch the hook reserves for before `cuMemAllocPitch` returns the real one: the width rounded
+/// up to 512 bytes, the largest texture pitch alignment of current GPUs. The reservation is
+/// corrected to the driver's pitch afterwards.
+const PITCH_ALIGN: usize = 512;
+
+/// What an allocation's key names: the driver's pointers, VMM handles and arrays are different
+/// namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Ptr,
+    Handle,
+    Array,
+}
+
+fn cu(r: CUresult) -> Result<(), CUresult> {
+    if r == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(r)
+    }
 }
 
 /// Everything the hook holds for this process.
@@ -92,8 +191,8 @@ struct Hook {
     ledger: Ledger<'static>,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
-    /// Live allocations: pointer -> (limit index, bytes).
-    allocations: Mutex<HashMap<u64, (usize, u64)>>,
+    /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
+    allocations: Mutex<HashMap<(Kind, u64), (usize, u64)>>,
 }
 
 static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
@@ -214,6 +313,24 @@ fn alive(pid: u32) -> bool {
         })
 }
 
+macro_rules! real_or {
+    ($h:expr, $name:ident) => {
+        match $h.real.$name {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
+macro_rules! try_cu {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(code) => return code,
+        }
+    };
+}
+
 impl Hook {
     fn slot(&self) -> Result<usize, CUresult> {
         let s = self.slot.load(Ordering::SeqCst);
@@ -244,75 +361,100 @@ impl Hook {
         Ok(self.config.limit_index(d.max(0) as usize))
     }
 
-    /// Reserves, calls the driver allocation `call`, and commits or rolls back.
-    fn allocate(
-        &self,
-        dptr: *mut CUdeviceptr,
-        bytes: u64,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        if dptr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let (dev, slot) = match (self.device(), self.slot()) {
-            (Ok(d), Ok(s)) => (d, s),
-            (Err(e), _) | (_, Err(e)) => return e,
-        };
+    /// Reserves `bytes` on `dev`, refusing over the limit; dead processes' memory is reclaimed once
+    /// before a refusal.
+    fn reserve(&self, dev: usize, bytes: u64) -> Result<usize, CUresult> {
+        let slot = self.slot()?;
         let limit = self.config.memory_limit.get(dev).copied().flatten();
-        if !self.ledger.reserve(slot, dev, bytes, limit) {
-            // Dead processes may hold the rest: reclaim and try once more.
-            if self.ledger.reclaim_dead(std::process::id(), &alive) == 0
-                || !self.ledger.reserve(slot, dev, bytes, limit)
-            {
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
+        if !self.ledger.reserve(slot, dev, bytes, limit)
+            && (self.ledger.reclaim_dead(std::process::id(), &alive) == 0
+                || !self.ledger.reserve(slot, dev, bytes, limit))
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let r = call();
-        if r == CUDA_SUCCESS {
-            // SAFETY: checked non-null; the driver wrote the pointer.
-            let p = unsafe { *dptr };
-            self.allocations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(p, (dev, bytes));
-        } else {
-            self.ledger.release(slot, dev, bytes);
-        }
-        r
+        Ok(slot)
     }
 
-    fn free(&self, p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    fn remember(&self, kind: Kind, key: u64, dev: usize, bytes: u64) {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((kind, key), (dev, bytes));
+    }
+
+    /// Reserves `bytes` on `dev`, runs the driver allocation `call` (which returns the new pointer or
+    /// handle), and commits or rolls back.
+    fn allocate(
+        &self,
+        dev: Result<usize, CUresult>,
+        bytes: u64,
+        kind: Kind,
+        call: impl FnOnce() -> Result<u64, CUresult>,
+    ) -> CUresult {
+        let dev = try_cu!(dev);
+        let slot = try_cu!(self.reserve(dev, bytes));
+        match call() {
+            Ok(key) => {
+                self.remember(kind, key, dev, bytes);
+                CUDA_SUCCESS
+            }
+            Err(r) => {
+                self.ledger.release(slot, dev, bytes);
+                r
+            }
+        }
+    }
+
+    fn free(&self, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = call();
         if r == CUDA_SUCCESS {
             let entry = self
                 .allocations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&p);
+                .remove(&(kind, key));
             if let (Some((dev, bytes)), Ok(slot)) = (entry, self.slot()) {
                 self.ledger.release(slot, dev, bytes);
             }
         }
         r
     }
-}
 
-macro_rules! real_or {
-    ($h:expr, $name:ident) => {
-        match $h.real.$name {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_FOUND,
+    /// Limit index of CUDA device ordinal `ordinal`.
+    fn device_of(&self, ordinal: c_int) -> Result<usize, CUresult> {
+        if ordinal < 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
         }
-    };
-}
+        Ok(self.config.limit_index(ordinal as usize))
+    }
 
-macro_rules! try_cu {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(code) => return code,
+    /// Meters a kernel launch of `blocks` thread blocks (the core limit's unit).
+    fn launch(&self, blocks: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        let _ = blocks;
+        let r = call();
+        if r == CUDA_SUCCESS {
+            if let Ok(s) = self.slot() {
+                self.ledger.launched(s);
+            }
         }
-    };
+        r
+    }
+
+    /// `free`/`total` as the container sees them on limit index `dev`: total = limit,
+    /// free = limit - container usage, never above the driver's free.
+    fn clamp_info(&self, dev: usize, free: u64, total: u64) -> (u64, u64) {
+        match self.config.memory_limit.get(dev).copied().flatten() {
+            Some(limit) => {
+                let used = if dev < MAX_DEVICES {
+                    self.ledger.container_used(dev)
+                } else {
+                    0
+                };
+                (free.min(limit.saturating_sub(used)), total.min(limit))
+            }
+            None => (free, total),
+        }
+    }
 }
 
 /// `cuInit`: fails closed (CUDA_ERROR_INVALID_VALUE) when a limit cannot be read.
@@ -326,93 +468,191 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
-/// `cuMemAlloc_v2`, capped.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAlloc_v2);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes) })
-    })
+/// An allocator that writes its result through its first argument: capped against the device `dev`
+/// (an expression over the arguments, evaluated inside the hook), charging `bytes`.
+macro_rules! alloc_export {
+    ($(#[$m:meta])* fn $name:ident($out:ident: *mut $ot:ty $(, $a:ident: $t:ty)*) -> kind $kind:ident, device $dev:expr, bytes $bytes:expr;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($out: *mut $ot $(, $a: $t)*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                if $out.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                let bytes: u64 = $bytes;
+                #[allow(clippy::redundant_closure_call)]
+                let dev = ($dev)(h);
+                // SAFETY: forwarding the caller's arguments; `out` is non-null and the driver wrote
+                // it when it returned success.
+                h.allocate(dev, bytes, Kind::$kind, || unsafe {
+                    cu(f($out $(, $a)*)).map(|()| *$out as u64)
+                })
+            })
+        }
+    };
 }
 
-/// `cuMemAllocManaged`, capped against the current device.
+/// A free of the allocation named by its first argument.
+macro_rules! free_export {
+    ($(#[$m:meta])* fn $name:ident($key:ident: $kt:ty $(, $a:ident: $t:ty)*) -> kind $kind:ident;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        pub extern "C" fn $name($key: $kt $(, $a: $t)*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                // SAFETY: forwarding the caller's arguments.
+                h.free(Kind::$kind, $key as u64, || unsafe { f($key $(, $a)*) })
+            })
+        }
+    };
+}
+
+/// A kernel launch: metered, and throttled by the core limit by `blocks` (an expression over the
+/// arguments).
+macro_rules! launch_export {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) -> blocks $blocks:expr;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                let blocks: u64 = $blocks;
+                // SAFETY: forwarding the caller's arguments.
+                h.launch(blocks, || unsafe { f($($a),*) })
+            })
+        }
+    };
+}
+
+fn current(h: &Hook) -> Result<usize, CUresult> {
+    h.device()
+}
+
+alloc_export! {
+    /// `cuMemAlloc_v2`, capped.
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAlloc` (the CUDA 3.1 ABI: 32-bit pointer and size), capped.
+    fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> kind Ptr, device current, bytes u64::from(bytes);
+}
+alloc_export! {
+    /// `cuMemAllocManaged`, capped against the current device.
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocAsync_ptsz` (per-thread default stream).
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocFromPoolAsync`, capped against the current device.
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocFromPoolAsync_ptsz`.
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemCreate` (virtual memory management): physical memory on `prop->location.id`, charged by
+    /// the handle's size; mappings of it (cuMemMap) cost nothing more.
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> kind Handle,
+        device |h: &Hook| if prop.is_null() {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            // SAFETY: checked non-null; a CUmemAllocationProp starts with these fields.
+            h.device_of(unsafe { (*prop.cast::<MemAllocationProp>()).location_id })
+        },
+        bytes size as u64;
+}
+alloc_export! {
+    /// `cuArrayCreate_v2`: charged width x height x channels x element size from the descriptor.
+    fn cuArrayCreate_v2(array: *mut *mut c_void, desc: *const ArrayDescriptor) -> kind Array, device current,
+        // SAFETY: a null descriptor is charged nothing here and refused by the driver.
+        bytes unsafe { desc.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, 1, d.format, d.channels));
+}
+alloc_export! {
+    /// `cuArray3DCreate_v2`: charged width x height x depth x channels x element size.
+    fn cuArray3DCreate_v2(array: *mut *mut c_void, desc: *const Array3dDescriptor) -> kind Array, device current,
+        // SAFETY: as cuArrayCreate_v2.
+        bytes unsafe { desc.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, d.depth, d.format, d.channels));
+}
+
+/// `cuMemAllocPitch_v2`: reserves for the width rounded up to [`PITCH_ALIGN`], then corrects the
+/// reservation to the pitch the driver chose (freeing the allocation if a larger pitch no longer fits).
 #[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CUdeviceptr,
-    bytes: usize,
-    flags: c_uint,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: c_uint,
 ) -> CUresult {
     boundary(|| {
         let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocManaged);
+        let f = real_or!(h, cuMemAllocPitch_v2);
+        if dptr.is_null() || pitch.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let dev = try_cu!(h.device());
+        let guess = (width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN) as u64;
+        let reserved = guess.saturating_mul(height as u64);
+        let slot = try_cu!(h.reserve(dev, reserved));
         // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, flags) })
+        let r = unsafe { f(dptr, pitch, width, height, element) };
+        if r != CUDA_SUCCESS {
+            h.ledger.release(slot, dev, reserved);
+            return r;
+        }
+        // SAFETY: checked non-null; the driver wrote both on success.
+        let (p, real) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+        if real < reserved {
+            h.ledger.release(slot, dev, reserved - real);
+        } else if real > reserved && h.reserve(dev, real - reserved).is_err() {
+            h.ledger.release(slot, dev, reserved);
+            if let Some(free) = h.real.cuMemFree_v2 {
+                // SAFETY: freeing the allocation the driver just made.
+                unsafe { free(p) };
+            }
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        h.remember(Kind::Ptr, p, dev, real);
+        CUDA_SUCCESS
     })
 }
 
-/// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocAsync);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
-    })
+free_export! {
+    /// `cuMemFree_v2`.
+    fn cuMemFree_v2(p: CUdeviceptr) -> kind Ptr;
 }
-
-/// `cuMemAllocAsync_ptsz` (per-thread default stream).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocAsync_ptsz);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
-    })
+free_export! {
+    /// `cuMemFree` (CUDA 3.1 ABI).
+    fn cuMemFree(p: u32) -> kind Ptr;
 }
-
-/// `cuMemFreeAsync`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFreeAsync);
-        // SAFETY: forwarding the caller's arguments.
-        h.free(p, || unsafe { f(p, stream) })
-    })
+free_export! {
+    /// `cuMemFreeAsync`.
+    fn cuMemFreeAsync(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-
-/// `cuMemFreeAsync_ptsz`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFreeAsync_ptsz);
-        // SAFETY: forwarding the caller's arguments.
-        h.free(p, || unsafe { f(p, stream) })
-    })
+free_export! {
+    /// `cuMemFreeAsync_ptsz`.
+    fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-
-/// `cuMemFree_v2`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFree_v2);
-        // SAFETY: forwarding the caller's argument.
-        h.free(p, || unsafe { f(p) })
-    })
+free_export! {
+    /// `cuMemRelease`: the handle's memory is returned once the handle is released (the driver keeps
+    /// it while mapped; the hook charges until the release, which is never later than the driver).
+    fn cuMemRelease(handle: u64) -> kind Handle;
+}
+free_export! {
+    /// `cuArrayDestroy`.
+    fn cuArrayDestroy(array: *mut c_void) -> kind Array;
 }
 
 /// `cuMemGetInfo_v2`: total = limit, free = limit - container usage, never above the real free.
@@ -427,17 +667,31 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return r;
         }
         let dev = try_cu!(h.device());
-        if let Some(limit) = h.config.memory_limit.get(dev).copied().flatten() {
-            let used = if dev < MAX_DEVICES {
-                h.ledger.container_used(dev)
-            } else {
-                0
-            };
-            // SAFETY: checked non-null; the driver just wrote both.
-            unsafe {
-                *free = (*free).min(limit.saturating_sub(used) as usize);
-                *total = (*total).min(limit as usize);
-            }
+        // SAFETY: checked non-null; the driver just wrote both.
+        unsafe {
+            let (fr, t) = h.clamp_info(dev, *free as u64, *total as u64);
+            (*free, *total) = (fr as usize, t as usize);
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// `cuMemGetInfo` (CUDA 3.1 ABI, 32-bit sizes), as cuMemGetInfo_v2.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemGetInfo);
+        // SAFETY: forwarding the caller's pointers.
+        let r = unsafe { f(free, total) };
+        if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
+            return r;
+        }
+        let dev = try_cu!(h.device());
+        // SAFETY: checked non-null; the driver just wrote both.
+        unsafe {
+            let (fr, t) = h.clamp_info(dev, u64::from(*free), u64::from(*total));
+            (*free, *total) = (fr as c_uint, t as c_uint);
         }
         CUDA_SUCCESS
     })
@@ -452,7 +706,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(bytes, dev) };
         if r == CUDA_SUCCESS && !bytes.is_null() {
-            let idx = h.config.limit_index(dev.max(0) as usize);
+            let idx = try_cu!(h.device_of(dev));
             if let Some(limit) = h.config.memory_limit.get(idx).copied().flatten() {
                 // SAFETY: checked non-null; the driver just wrote it.
                 unsafe { *bytes = (*bytes).min(limit as usize) };
@@ -462,66 +716,123 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
     })
 }
 
-/// `cuLaunchKernel`: metered.
-#[cfg_attr(not(test), no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    func: *mut c_void,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: *mut c_void,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuLaunchKernel);
-        // SAFETY: forwarding the caller's arguments.
-        let r = unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        if r == CUDA_SUCCESS {
-            if let Ok(s) = h.slot() {
-                h.ledger.launched(s);
-            }
+fn grid(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    u64::from(x) * u64::from(y) * u64::from(z)
+}
+
+launch_export! {
+    /// `cuLaunchKernel`: metered and throttled.
+    fn cuLaunchKernel(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchKernel_ptsz`.
+    fn cuLaunchKernel_ptsz(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchCooperativeKernel`.
+    fn cuLaunchCooperativeKernel(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchCooperativeKernel_ptsz`.
+    fn cuLaunchCooperativeKernel_ptsz(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchKernelEx` (CUDA 12.0): the grid comes from the launch configuration.
+    fn cuLaunchKernelEx(config: *const LaunchConfig, func: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void)
+        // SAFETY: a null configuration is charged one block here and refused by the driver.
+        -> blocks unsafe { config.as_ref() }.map_or(1, |c| grid(c.grid[0], c.grid[1], c.grid[2]));
+}
+launch_export! {
+    /// `cuLaunchKernelEx_ptsz`.
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, func: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void)
+        // SAFETY: as cuLaunchKernelEx.
+        -> blocks unsafe { config.as_ref() }.map_or(1, |c| grid(c.grid[0], c.grid[1], c.grid[2]));
+}
+launch_export! {
+    /// `cuGraphLaunch`: one metered launch; its kernels' grids are not visible here, so it is charged
+    /// [`GRAPH_BLOCKS`] for the core limit.
+    fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> blocks GRAPH_BLOCKS;
+}
+launch_export! {
+    /// `cuGraphLaunch_ptsz`.
+    fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> blocks GRAPH_BLOCKS;
+}
+
+/// Blocks a graph launch is charged: the graph's kernels are not enumerated (that would cost a walk
+/// of the graph per launch), so it counts as one small grid.
+const GRAPH_BLOCKS: u64 = 1;
+
+macro_rules! wrappers {
+    ($($name:ident),* $(,)?) => {
+        /// Our interposer for a driver symbol name, if we have one.
+        fn wrapper(name: &[u8]) -> Option<*mut c_void> {
+            Some(match name {
+                $(n if n == stringify!($name).as_bytes() => $name as *mut c_void,)*
+                _ => return None,
+            })
         }
-        r
-    })
+    };
 }
 
-/// Our interposer for a driver symbol name, if we have one.
-fn wrapper(name: &[u8]) -> Option<*mut c_void> {
-    Some(match name {
-        b"cuInit" => cuInit as *mut c_void,
-        b"cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
-        b"cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
-        b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
-        b"cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
-        b"cuMemAllocAsync_ptsz" => cuMemAllocAsync_ptsz as *mut c_void,
-        b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
-        b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
-        b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
-        b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
-        b"cuLaunchKernel" => cuLaunchKernel as *mut c_void,
-        b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,
-        b"cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
-        _ => return None,
-    })
-}
+wrappers![
+    cuInit,
+    cuMemAlloc_v2,
+    cuMemAlloc,
+    cuMemAllocManaged,
+    cuMemAllocPitch_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFree_v2,
+    cuMemFree,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemCreate,
+    cuMemRelease,
+    cuArrayCreate_v2,
+    cuArray3DCreate_v2,
+    cuArrayDestroy,
+    cuMemGetInfo_v2,
+    cuMemGetInfo,
+    cuDeviceTotalMem_v2,
+    cuLaunchKernel,
+    cuLaunchKernel_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
+];
 
-/// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory calls
-/// since CUDA 3.2, `cuGetProcAddress_v2` since 12.0.
+/// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory and
+/// array calls since CUDA 3.2 (the 3.1 ABI below), `cuGetProcAddress_v2` since 12.0, and the
+/// `_ptsz` entry of stream calls for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (flag 2).
 fn versioned(base: &[u8], version: c_int, flags: u64) -> Vec<u8> {
-    // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2 selects the `_ptsz` entry of stream calls.
-    const PTSZ: &[&[u8]] = &[b"cuMemAllocAsync", b"cuMemFreeAsync"];
+    const PTSZ: &[&[u8]] = &[
+        b"cuMemAllocAsync",
+        b"cuMemFreeAsync",
+        b"cuMemAllocFromPoolAsync",
+        b"cuLaunchKernel",
+        b"cuLaunchKernelEx",
+        b"cuLaunchCooperativeKernel",
+        b"cuGraphLaunch",
+    ];
     const V2: &[&[u8]] = &[
         b"cuMemAlloc",
+        b"cuMemAllocPitch",
         b"cuMemFree",
         b"cuMemGetInfo",
         b"cuDeviceTotalMem",
+        b"cuArrayCreate",
+        b"cuArray3DCreate",
     ];
     let mut n = base.to_vec();
     if (V2.contains(&base) && version >= 3020) || (base == b"cuGetProcAddress" && version >= 12000)
@@ -637,7 +948,37 @@ mod tests {
             b"cuMemAllocAsync_ptsz"
         );
         assert_eq!(versioned(b"cuMemAllocAsync", 12040, 1), b"cuMemAllocAsync");
-        assert!(wrapper(b"cuMemAlloc_v2").is_some());
+        assert_eq!(
+            versioned(b"cuLaunchKernel", 12040, 2),
+            b"cuLaunchKernel_ptsz"
+        );
+        assert_eq!(versioned(b"cuGraphLaunch", 12040, 2), b"cuGraphLaunch_ptsz");
+        assert_eq!(
+            versioned(b"cuMemAllocPitch", 12040, 2),
+            b"cuMemAllocPitch_v2"
+        );
+        assert_eq!(versioned(b"cuMemGetInfo", 3010, 0), b"cuMemGetInfo");
+        for name in [
+            "cuMemAlloc_v2",
+            "cuMemAlloc",
+            "cuMemCreate",
+            "cuArray3DCreate_v2",
+            "cuLaunchKernelEx_ptsz",
+            "cuGraphLaunch",
+        ] {
+            assert!(wrapper(name.as_bytes()).is_some(), "{name}");
+        }
         assert!(wrapper(b"cuMemcpy").is_none());
+    }
+
+    #[test]
+    fn array_sizes_follow_the_descriptor() {
+        // CU_AD_FORMAT_FLOAT x 4 channels = 16 bytes per element; height/depth 0 means 1.
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
+        assert_eq!(array_bytes(10, 0, 0, 0x01, 1), 10);
+        assert_eq!(array_bytes(10, 2, 3, 0x10, 2), 240);
+        // Unknown formats are charged as 32-bit channels.
+        assert_eq!(array_bytes(1, 1, 1, 0xb0, 1), 4);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 1, 0x20, 4), u64::MAX);
     }
 }

@@ -341,3 +341,88 @@ fn stress_with_sigkill_never_passes_the_limit() {
     // Everything the killed processes held is reclaimed: a new process gets all but 1 MiB.
     assert_eq!(out[3], format!("alloc {} = 0", 1023u64 << 20));
 }
+
+/// Every other allocator, the VMM and array calls, the CUDA 3.1 (v1) ABI and every launch entry
+/// (`_ptsz` included) go through the hook on all three lookup paths: nothing bypasses the cap or
+/// the launch meter.
+#[test]
+fn every_allocator_and_launch_entry_is_capped_and_metered() {
+    let mib = |n: u64| n << 20;
+    for mode in ["direct", "procaddr", "dlsym"] {
+        let env = setup();
+        let (out, _) = env.run(
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            &[
+                mode,
+                "init",
+                "ctx:0",
+                "managed:512m",
+                "pool:256m",
+                "poolp:255m",
+                // The fake's pitch for 1000 bytes is 1024: 1 MiB, the limit exactly.
+                "pitch:1000:1024",
+                "managed:1",
+                "free:0",
+                "vmm:0:256m",
+                // 1024 x 1024 float4: 16 MiB; 64^3 float4: 4 MiB.
+                "array:1024:1024",
+                "array3d:64:64:64",
+                "alloc1:236m",
+                "alloc1:1",
+                "info",
+                "info1",
+                "release:0",
+                "arrfree:0",
+                "arrfree:1",
+                "free1:0",
+                "info1",
+                "vmm:0:513m",
+                "launchp:3",
+                "coop:3",
+                "coopp:3",
+                "launchex:3",
+                "launchexp:3",
+                "graph:3",
+                "graphp:3",
+                "count",
+            ],
+        );
+        let want = [
+            "init = 0".to_string(),
+            "ctx = 0".into(),
+            format!("managed {} = 0", mib(512)),
+            format!("pool {} = 0", mib(256)),
+            format!("poolp {} = 0", mib(255)),
+            "pitch 1000x1024 = 0 pitch 1024".into(),
+            "managed 1 = 2".into(),
+            "free = 0".into(),
+            format!("vmm 0 {} = 0", mib(256)),
+            "array = 0".into(),
+            "array3d = 0".into(),
+            format!("alloc1 {} = 0", mib(236)),
+            "alloc1 1 = 2".into(),
+            format!("info = 0 free 0 total {}", gib(1)),
+            format!("info1 = 0 free 0 total {}", gib(1)),
+            "release = 0".into(),
+            "arrfree = 0".into(),
+            "arrfree = 0".into(),
+            "free1 = 0".into(),
+            format!("info1 = 0 free {} total {}", mib(512), gib(1)),
+            format!("vmm 0 {} = 2", mib(513)),
+            "launchp ok 3".into(),
+            "coop ok 3".into(),
+            "coopp ok 3".into(),
+            "launchex ok 3".into(),
+            "launchexp ok 3".into(),
+            "graph ok 3".into(),
+            "graphp ok 3".into(),
+            "driver launches 21".into(),
+        ];
+        assert_eq!(out, want, "mode {mode}");
+        let p = &env.snapshot().processes[0];
+        assert_eq!(p.launches, 21, "mode {mode}");
+        assert_eq!(p.oom_refusals, 3, "mode {mode}");
+        assert_eq!(p.used[0], mib(512), "mode {mode}");
+        assert_eq!(p.peak[0], gib(1).parse::<u64>().unwrap(), "mode {mode}");
+    }
+}

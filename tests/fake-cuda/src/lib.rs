@@ -54,6 +54,7 @@ struct State {
     physical: Vec<usize>,
     allocations: HashMap<u64, (usize, u64)>,
     next_ptr: u64,
+    next_low_ptr: u64,
     launches: u64,
 }
 
@@ -101,6 +102,7 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
         physical,
         allocations: HashMap::new(),
         next_ptr: 0x7f00_0000_0000,
+        next_low_ptr: 0x1000_0000,
         launches: 0,
     }))
 }
@@ -279,6 +281,11 @@ fn current() -> Result<usize, CUresult> {
 /// Allocation common to every allocator: "If bytesize is 0, cuMemAlloc() returns
 /// CUDA_ERROR_INVALID_VALUE"; CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
 fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
+    alloc_on_at(d, bytes, false)
+}
+
+/// As [`alloc_on`]; `low` picks a pointer below 4 GiB (for the 32-bit legacy ABI).
+fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -287,14 +294,25 @@ fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
     if dev.used.saturating_add(bytes) > dev.total {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
+    let step = bytes.div_ceil(512) * 512 + 512;
+    if low && s.next_low_ptr.saturating_add(step) > u64::from(u32::MAX) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     let phys = s.physical[d];
     if !shared::alloc(phys, bytes, s.devices[d].total) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     s.devices[d].used += bytes;
-    let ptr = s.next_ptr;
-    // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
-    s.next_ptr += bytes.div_ceil(512) * 512 + 512;
+    let ptr = if low {
+        let p = s.next_low_ptr;
+        s.next_low_ptr += step;
+        p
+    } else {
+        let p = s.next_ptr;
+        s.next_ptr += step;
+        p
+    };
     s.allocations.insert(ptr, (d, bytes));
     Ok(ptr)
 }
@@ -339,6 +357,48 @@ unsafe fn alloc_current(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let d = try_cu!(current());
     // SAFETY: checked non-null.
     unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
+}
+
+/// `cuMemAlloc` (the CUDA 3.1 ABI, kept by the driver for old binaries): 32-bit size and device
+/// pointer. The fake hands these out from a separate low range so that they fit in 32 bits.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, bytesize: c_uint) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    match alloc_on_at(d, u64::from(bytesize), true) {
+        Ok(p) => {
+            // SAFETY: checked non-null; low-range pointers fit in 32 bits.
+            unsafe { *dptr = p as u32 };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `cuMemFree` (CUDA 3.1 ABI).
+#[no_mangle]
+pub extern "C" fn cuMemFree(dptr: u32) -> CUresult {
+    free_ptr(u64::from(dptr))
+}
+
+/// `cuMemGetInfo` (CUDA 3.1 ABI): 32-bit sizes, saturated at 4 GiB - 1 as the driver does.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    let s = try_cu!(state());
+    let dev = &s.devices[d];
+    let used = shared::used(s.physical[d]).unwrap_or(dev.used);
+    // SAFETY: both checked non-null.
+    unsafe {
+        *free = dev.total.saturating_sub(used).min(u64::from(c_uint::MAX)) as c_uint;
+        *total = dev.total.min(u64::from(c_uint::MAX)) as c_uint;
+    }
+    CUDA_SUCCESS
 }
 
 /// `cuMemAllocManaged`: managed memory, counted against the current device as the hook counts it.
@@ -802,10 +862,9 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
     ];
     let mut full = name.to_string();
     if V2.contains(&name) {
-        if version < 3020 {
-            return None; // the fake has no v1 ABI
+        if version >= 3020 {
+            full.push_str("_v2");
         }
-        full.push_str("_v2");
     } else if PTSZ.contains(&name) && flags & 2 != 0 {
         full.push_str("_ptsz");
     } else if name == "cuGetProcAddress" && version >= 12000 {
@@ -823,6 +882,9 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
         "cuCtxGetDevice" => cuCtxGetDevice as *mut c_void,
         "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *mut c_void,
         "cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
+        "cuMemAlloc" => cuMemAlloc as *mut c_void,
+        "cuMemFree" => cuMemFree as *mut c_void,
+        "cuMemGetInfo" => cuMemGetInfo as *mut c_void,
         "cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
         "cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *mut c_void,
         "cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
