@@ -9,11 +9,12 @@
 
 use crate::config::Config;
 use crate::ledger::Ledger;
+use crate::throttle::{self, Bucket, Controller};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use vgpu_core::accounting::{FILE_WORDS, MAX_DEVICES};
 
@@ -51,13 +52,13 @@ fn real_dlsym() -> Option<DlsymFn> {
 }
 
 macro_rules! real_table {
-    ($($name:ident : fn($($arg:ty),*);)*) => {
-        /// The real driver's entry points (absent ones are `None`).
+    ($(#[$m:meta])* struct $table:ident; $($name:ident : fn($($arg:ty),*);)*) => {
+        $(#[$m])*
         #[allow(non_snake_case)]
-        struct Real { $($name: Option<unsafe extern "C" fn($($arg),*) -> CUresult>,)* }
-        impl Real {
-            fn load(handle: *mut c_void, dlsym: DlsymFn) -> Real {
-                Real { $($name: {
+        struct $table { $($name: Option<unsafe extern "C" fn($($arg),*) -> CUresult>,)* }
+        impl $table {
+            fn load(handle: *mut c_void, dlsym: DlsymFn) -> $table {
+                $table { $($name: {
                     // SAFETY: looking up a constant name in the driver handle.
                     let p = unsafe { dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
                     // SAFETY: the driver's symbol of this name has this C signature (cuda.h).
@@ -69,6 +70,8 @@ macro_rules! real_table {
 }
 
 real_table! {
+    /// The real driver's entry points (absent ones are `None`).
+    struct Real;
     cuInit: fn(c_uint);
     cuCtxGetDevice: fn(*mut c_int);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
@@ -184,11 +187,189 @@ fn cu(r: CUresult) -> Result<(), CUresult> {
     }
 }
 
+real_table! {
+    /// The real NVML's entry points the hook uses or intercepts (`nvmlReturn_t` is an int like
+    /// CUresult; 0 = NVML_SUCCESS).
+    struct NvmlReal;
+    nvmlInit_v2: fn();
+    nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void);
+    nvmlDeviceGetIndex: fn(*mut c_void, *mut c_uint);
+    nvmlDeviceGetUtilizationRates: fn(*mut c_void, *mut [c_uint; 2]);
+    nvmlDeviceGetProcessUtilization: fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64);
+    nvmlDeviceGetMemoryInfo: fn(*mut c_void, *mut NvmlMemory);
+    nvmlDeviceGetMemoryInfo_v2: fn(*mut c_void, *mut NvmlMemoryV2);
+}
+
+/// `nvmlProcessUtilizationSample_t` (nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// `nvmlMemory_t` (nvml.h).
+#[repr(C)]
+pub struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2_t` (nvml.h).
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+const NVML_ERROR_INSUFFICIENT_SIZE: CUresult = 7;
+const NVML_ERROR_UNINITIALIZED: CUresult = 1;
+const NVML_ERROR_FUNCTION_NOT_FOUND: CUresult = 13;
+
+/// The real NVML, loaded on first use (the watcher, or an intercepted NVML call); `None` when
+/// `libnvidia-ml.so.1` cannot be loaded.
+fn nvml() -> Option<&'static NvmlReal> {
+    static NVML: OnceLock<Option<NvmlReal>> = OnceLock::new();
+    NVML.get_or_init(|| {
+        let dlsym = real_dlsym()?;
+        // SAFETY: dlopen with a constant name.
+        let handle = unsafe {
+            libc::dlopen(
+                c"libnvidia-ml.so.1".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_GLOBAL,
+            )
+        };
+        (!handle.is_null()).then(|| NvmlReal::load(handle, dlsym))
+    })
+    .as_ref()
+}
+
+/// Core-limit state: one bucket per device, the limits, and whether this process's watcher runs.
+struct Throttle {
+    limits: [u32; MAX_DEVICES],
+    buckets: [Bucket; MAX_DEVICES],
+    watcher: AtomicBool,
+}
+
+impl Throttle {
+    /// `None` when no device has a limit below 100 % (the launch path then does nothing more).
+    fn new(sm_limit: &[u32; MAX_DEVICES]) -> Option<Throttle> {
+        let limits = sm_limit.map(|l| if l >= 100 { 0 } else { l });
+        limits.iter().any(|&l| l > 0).then(|| Throttle {
+            limits,
+            buckets: std::array::from_fn(|_| Bucket::default()),
+            watcher: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Monotonic nanoseconds since the first call (vDSO clock read, no syscall).
+fn now_ns() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// The watcher: every [`throttle::PERIOD`] reads each limited device's utilization from NVML and
+/// steers its bucket (control law in [`crate::throttle`]).
+fn watch(h: &'static Hook, t: &'static Throttle) {
+    let Some(nv) = nvml() else {
+        eprintln!("vgpu: libnvidia-ml.so.1 cannot be loaded; CUDA_DEVICE_SM_LIMIT is not enforced");
+        return;
+    };
+    // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
+    if nv
+        .nvmlInit_v2
+        .is_none_or(|f| unsafe { f() } != CUDA_SUCCESS)
+    {
+        eprintln!("vgpu: NVML does not initialise; CUDA_DEVICE_SM_LIMIT is not enforced");
+        return;
+    }
+    let mut devices = Vec::new();
+    for d in (0..MAX_DEVICES).filter(|&d| t.limits[d] > 0) {
+        let mut handle = std::ptr::null_mut();
+        let Some(get) = nv.nvmlDeviceGetHandleByIndex_v2 else {
+            break;
+        };
+        // SAFETY: valid out pointer; NVML numbers the container's devices as the limits are numbered.
+        if unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS {
+            let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
+            devices.push((d, handle, c, 0u64));
+        }
+    }
+    loop {
+        std::thread::sleep(throttle::PERIOD);
+        let pids = h.ledger.pids();
+        for (d, handle, c, last_seen) in &mut devices {
+            let u = utilization(nv, *handle, &pids, last_seen);
+            c.step(&t.buckets[*d], now_ns(), u);
+        }
+    }
+}
+
+/// Utilization of the device for this container, percent: the sum of the container's processes'
+/// samples from nvmlDeviceGetProcessUtilization, or, where that is unsupported or names none of
+/// them (pids of another namespace), the device's utilization.
+fn utilization(
+    nv: &NvmlReal,
+    handle: *mut c_void,
+    pids: &[u32],
+    last_seen: &mut u64,
+) -> Option<f64> {
+    if let Some(pu) = nv.nvmlDeviceGetProcessUtilization {
+        let mut n: c_uint = 0;
+        // SAFETY: asking for the sample count with a null buffer, as NVML documents.
+        let r = unsafe { pu(handle, std::ptr::null_mut(), &mut n, *last_seen) };
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE || r == CUDA_SUCCESS) && n > 0 {
+            let mut buf = vec![ProcessSample::default(); n as usize];
+            // SAFETY: a buffer of `n` samples and its length.
+            if unsafe { pu(handle, buf.as_mut_ptr(), &mut n, *last_seen) } == CUDA_SUCCESS {
+                let mut sum = None;
+                for s in buf.iter().take(n as usize) {
+                    *last_seen = (*last_seen).max(s.time_stamp);
+                    if pids.contains(&s.pid) {
+                        *sum.get_or_insert(0u32) += s.sm_util;
+                    }
+                }
+                if let Some(sum) = sum {
+                    return Some(mid_percent(sum));
+                }
+            }
+        }
+    }
+    let f = nv.nvmlDeviceGetUtilizationRates?;
+    let mut u = [0 as c_uint; 2];
+    // SAFETY: valid out pointer to an nvmlUtilization_t {gpu, memory}.
+    (unsafe { f(handle, &mut u) } == CUDA_SUCCESS).then(|| mid_percent(u[0]))
+}
+
+/// NVML reports whole percents; reading `p` as the middle of `[p, p+1)` keeps the controller from
+/// settling anywhere in the 1 %-wide band above the limit.
+fn mid_percent(p: c_uint) -> f64 {
+    if p >= 100 {
+        100.0
+    } else {
+        f64::from(p) + 0.5
+    }
+}
+
 /// Everything the hook holds for this process.
 struct Hook {
     config: Config,
     real: Real,
     ledger: Ledger<'static>,
+    /// Core limit; `None` when no device is limited.
+    throttle: Option<Throttle>,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
     /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
@@ -245,6 +426,7 @@ fn init() -> Result<Hook, CUresult> {
     // SAFETY: registering a plain function pointer that only stores to atomics.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     Ok(Hook {
+        throttle: Throttle::new(&config.sm_limit),
         config,
         real,
         ledger,
@@ -258,6 +440,10 @@ fn init() -> Result<Hook, CUresult> {
 extern "C" fn after_fork_child() {
     if let Some(Ok(h)) = HOOK.get() {
         h.slot.store(usize::MAX, Ordering::SeqCst);
+        // The watcher thread does not exist in the child; the next launch starts one.
+        if let Some(t) = &h.throttle {
+            t.watcher.store(false, Ordering::SeqCst);
+        }
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -428,9 +614,11 @@ impl Hook {
         Ok(self.config.limit_index(ordinal as usize))
     }
 
-    /// Meters a kernel launch of `blocks` thread blocks (the core limit's unit).
-    fn launch(&self, blocks: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-        let _ = blocks;
+    /// Meters a kernel launch of `blocks` thread blocks, first waiting for the core limit's tokens.
+    fn launch(&'static self, blocks: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        if let Some(t) = &self.throttle {
+            self.throttle_launch(t, blocks);
+        }
         let r = call();
         if r == CUDA_SUCCESS {
             if let Ok(s) = self.slot() {
@@ -438,6 +626,29 @@ impl Hook {
             }
         }
         r
+    }
+
+    /// Takes the launch's tokens from its device's bucket, sleeping (bounded) when there are none.
+    fn throttle_launch(&'static self, t: &'static Throttle, blocks: u64) {
+        let Ok(d) = self.device() else { return };
+        if d >= MAX_DEVICES || t.limits[d] == 0 {
+            return;
+        }
+        if !t.watcher.load(Ordering::Relaxed) && !t.watcher.swap(true, Ordering::SeqCst) {
+            let spawned = std::thread::Builder::new()
+                .name("vgpu-watcher".into())
+                .spawn(move || watch(self, t));
+            if spawned.is_err() {
+                eprintln!("vgpu: cannot start the core-limit watcher thread; CUDA_DEVICE_SM_LIMIT is not enforced");
+            }
+        }
+        let wait = t.buckets[d].take(now_ns(), blocks);
+        if wait > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(wait));
+            if let Ok(s) = self.slot() {
+                self.ledger.throttled(s, wait);
+            }
+        }
     }
 
     /// `free`/`total` as the container sees them on limit index `dev`: total = limit,
@@ -766,6 +977,86 @@ launch_export! {
 /// of the graph per launch), so it counts as one small grid.
 const GRAPH_BLOCKS: u64 = 1;
 
+/// The container's view of NVML device `device`: (limit, bytes the container uses), or `None` when
+/// it has no memory limit (or the hook is not configured). NVML numbers the container's devices in
+/// `NVIDIA_VISIBLE_DEVICES` order, as the limits are numbered, and ignores `CUDA_VISIBLE_DEVICES`.
+fn nvml_view(nv: &NvmlReal, device: *mut c_void) -> Option<(u64, u64)> {
+    let h = hook().ok()?;
+    let get_index = nv.nvmlDeviceGetIndex?;
+    let mut idx: c_uint = 0;
+    // SAFETY: the caller's device handle and a valid out pointer.
+    if unsafe { get_index(device, &mut idx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let idx = idx as usize;
+    let limit = h.config.memory_limit.get(idx).copied().flatten()?;
+    let used = if idx < MAX_DEVICES {
+        h.ledger.container_used(idx)
+    } else {
+        0
+    };
+    Some((limit, used))
+}
+
+/// `nvmlDeviceGetMemoryInfo`: with a memory limit, total = limit, used = the container's usage,
+/// free = limit - usage (never above the real free), so nvidia-smi in the pod shows the slice.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> c_int {
+    boundary(|| {
+        let Some(nv) = nvml() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        let Some(f) = nv.nvmlDeviceGetMemoryInfo else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(device, mem) };
+        if r != CUDA_SUCCESS || mem.is_null() {
+            return r;
+        }
+        if let Some((limit, used)) = nvml_view(nv, device) {
+            // SAFETY: checked non-null; NVML just filled it.
+            let m = unsafe { &mut *mem };
+            m.total = m.total.min(limit);
+            m.free = m.free.min(limit.saturating_sub(used));
+            m.used = used;
+        }
+        r
+    })
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`, as [`nvmlDeviceGetMemoryInfo`] (reserved memory passes through).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> c_int {
+    boundary(|| {
+        let Some(nv) = nvml() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        let Some(f) = nv.nvmlDeviceGetMemoryInfo_v2 else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(device, mem) };
+        if r != CUDA_SUCCESS || mem.is_null() {
+            return r;
+        }
+        if let Some((limit, used)) = nvml_view(nv, device) {
+            // SAFETY: checked non-null; NVML just filled it.
+            let m = unsafe { &mut *mem };
+            m.total = m.total.min(limit);
+            m.free = m.free.min(limit.saturating_sub(used));
+            m.used = used;
+        }
+        r
+    })
+}
+
 macro_rules! wrappers {
     ($($name:ident),* $(,)?) => {
         /// Our interposer for a driver symbol name, if we have one.
@@ -810,6 +1101,8 @@ wrappers![
     cuGraphLaunch_ptsz,
     cuGetProcAddress,
     cuGetProcAddress_v2,
+    nvmlDeviceGetMemoryInfo,
+    nvmlDeviceGetMemoryInfo_v2,
 ];
 
 /// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory and
@@ -913,7 +1206,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     }
     // SAFETY: checked non-null; dlsym names are NUL-terminated.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if name.starts_with(b"cu") {
+    if name.starts_with(b"cu") || name.starts_with(b"nvml") {
         catch_unwind(|| wrapper(name)).ok().flatten().unwrap_or(p)
     } else {
         p

@@ -121,6 +121,15 @@ impl<'a> Ledger<'a> {
         n
     }
 
+    /// Pids owning a slot (the container's CUDA processes).
+    pub fn pids(&self) -> Vec<u32> {
+        (0..SLOT_COUNT)
+            .map(|s| self.w(s, slot::OWNER).load(SeqCst))
+            .filter(|&o| o != 0 && o & OWNER_RECLAIMING == 0)
+            .map(|o| (o & 0xffff_ffff) as u32)
+            .collect()
+    }
+
     /// Bytes the container uses on `dev`.
     pub fn container_used(&self, dev: usize) -> u64 {
         (0..SLOT_COUNT)

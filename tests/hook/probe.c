@@ -7,6 +7,9 @@
  *         | vmm:DEV:BYTES | release:INDEX | array:W:H | array3d:W:H:D | arrfree:INDEX
  *         | alloc1:BYTES | free1:INDEX | info1 (the CUDA 3.1 ABI)
  *         | launchp:N | coop:N | coopp:N | launchex:N | launchexp:N | graph:N | graphp:N
+ *         | rate:TOTAL_MS:WINDOW_MS:GRID (launch GRID-block kernels as fast as allowed for TOTAL_MS,
+ *           printing "window START_MS LAUNCHES_PER_S" per window)
+ *         | nvml:INDEX (nvmlDeviceGetMemoryInfo and _v2 of NVML device INDEX)
  *   (BYTES takes an m suffix for MiB; the 'p' steps use the per-thread-default-stream entry)
  */
 #include <dlfcn.h>
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -53,6 +57,18 @@ CUresult cuLaunchKernelEx(const launch_config *, void *, void **, void **);
 CUresult cuLaunchKernelEx_ptsz(const launch_config *, void *, void **, void **);
 CUresult cuGraphLaunch(void *, void *);
 CUresult cuGraphLaunch_ptsz(void *, void *);
+typedef struct { unsigned long long total, free, used; } nvml_memory;
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvml_memory_v2;
+int nvmlInit_v2(void);
+int nvmlDeviceGetHandleByIndex_v2(unsigned, void **);
+int nvmlDeviceGetMemoryInfo(void *, nvml_memory *);
+int nvmlDeviceGetMemoryInfo_v2(void *, nvml_memory_v2 *);
+static struct {
+    int (*init)(void);
+    int (*handle)(unsigned, void **);
+    int (*mem)(void *, nvml_memory *);
+    int (*mem2)(void *, nvml_memory_v2 *);
+} nv;
 
 /* The entry points beyond the basic ones, each resolved on the chosen path. */
 static struct {
@@ -126,6 +142,12 @@ static int lookup_more(const char *mode, void *lib) {
     return 1;
 }
 
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 static unsigned long long bytes_arg(const char *a) {
     char *end;
     unsigned long long b = strtoull(a, &end, 10);
@@ -170,7 +192,15 @@ int main(int argc, char **argv) {
         g.launchp = cuLaunchKernel_ptsz; g.coop = cuLaunchCooperativeKernel;
         g.coopp = cuLaunchCooperativeKernel_ptsz; g.launchex = cuLaunchKernelEx;
         g.launchexp = cuLaunchKernelEx_ptsz; g.graph = cuGraphLaunch; g.graphp = cuGraphLaunch_ptsz;
+        nv.init = nvmlInit_v2; nv.handle = nvmlDeviceGetHandleByIndex_v2;
+        nv.mem = nvmlDeviceGetMemoryInfo; nv.mem2 = nvmlDeviceGetMemoryInfo_v2;
     } else {
+        void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!ml) { printf("dlopen nvml failed\n"); return 3; }
+        *(void **)&nv.init = dlsym(ml, "nvmlInit_v2");
+        *(void **)&nv.handle = dlsym(ml, "nvmlDeviceGetHandleByIndex_v2");
+        *(void **)&nv.mem = dlsym(ml, "nvmlDeviceGetMemoryInfo");
+        *(void **)&nv.mem2 = dlsym(ml, "nvmlDeviceGetMemoryInfo_v2");
         void *lib = dlopen("libcuda.so.1", RTLD_NOW);
         if (!lib) { printf("dlopen failed\n"); return 3; }
         f.init = lookup(mode, lib, "cuInit", "cuInit");
@@ -339,6 +369,33 @@ int main(int argc, char **argv) {
                 ok += r == 0;
             }
             printf("%.*s ok %d\n", len, a, ok);
+        } else if (!strncmp(a, "nvml:", 5)) {
+            void *dev = NULL;
+            nvml_memory m = {0, 0, 0};
+            nvml_memory_v2 m2 = {40 | (2u << 24), 0, 0, 0, 0}; /* nvmlMemory_v2 */
+            int r = nv.init();
+            if (r == 0) r = nv.handle(atoi(a + 5), &dev);
+            int r1 = r ? r : nv.mem(dev, &m), r2 = r ? r : nv.mem2(dev, &m2);
+            printf("nvml = %d total %llu free %llu used %llu\n", r1, m.total, m.free, m.used);
+            printf("nvml2 = %d total %llu free %llu used %llu\n", r2, m2.total, m2.free, m2.used);
+        } else if (!strncmp(a, "rate:", 5)) {
+            int total = 0, window = 0;
+            unsigned grid = 1;
+            sscanf(a + 5, "%d:%d:%u", &total, &window, &grid);
+            double start = now_ms(), w0 = start;
+            long count = 0;
+            for (;;) {
+                if (f.launch((void *)1, grid, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != 0) { printf("launch failed\n"); return 4; }
+                count++;
+                double t = now_ms();
+                if (t - w0 >= window) {
+                    printf("window %.0f %.1f\n", w0 - start, count * 1e3 / (t - w0));
+                    fflush(stdout);
+                    w0 = t;
+                    count = 0;
+                    if (t - start >= total) break;
+                }
+            }
         } else {
             printf("unknown step %s\n", a);
             return 2;

@@ -8,6 +8,10 @@
 //!   the vgpu environment contract; default one 16 GiB device.
 //! - `CUDA_VISIBLE_DEVICES`: honoured as the driver does (integer indexes, in the given order, up to the
 //!   first invalid entry).
+//! - `FAKE_CUDA_BLOCK_NS`: GPU time per thread block of a launch (default 0); kernels of a device run
+//!   one after another and a launch blocks while more than 2 ms of work is queued, so a program that
+//!   launches as fast as it can keeps the device 100 % busy. `fakeCudaGetBusyNs` reports the busy time
+//!   (the fake NVML turns it into utilization).
 //! - `FAKE_CUDA_SHARED`: path of a file through which all processes using the fake keep a device-wide
 //!   total, and its peak, the way a real GPU's memory is shared by every process on it. Memory of a
 //!   process that died is released (the driver frees a process's allocations when it exits).
@@ -46,6 +50,10 @@ const DRIVER_VERSION: c_int = 12040;
 struct Device {
     total: u64,
     used: u64,
+    /// Monotonic ns at which the last queued kernel ends.
+    busy_until: u64,
+    /// GPU ns of all kernels queued so far.
+    scheduled: u64,
 }
 
 struct State {
@@ -95,6 +103,8 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
         .map(|&p| Device {
             total: physical_totals[p],
             used: 0,
+            busy_until: 0,
+            scheduled: 0,
         })
         .collect();
     Ok(Mutex::new(State {
@@ -661,13 +671,88 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     CUDA_SUCCESS
 }
 
-fn launch() -> CUresult {
+/// GPU time one thread block takes (`FAKE_CUDA_BLOCK_NS`, default 0: kernels take no time).
+fn block_ns() -> u64 {
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        std::env::var("FAKE_CUDA_BLOCK_NS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Work a device may have queued before a launch blocks: launches are asynchronous, and "the launch
+/// queue has a finite depth; when it is full, the launching thread blocks" (CUDA C Programming
+/// Guide, asynchronous concurrent execution). Modelled as 2 ms of queued GPU time.
+const QUEUE_NS: u64 = 2_000_000;
+
+fn now_ns() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// Counts a launch of `blocks` thread blocks on the current device and queues its GPU time: the
+/// device runs one kernel after another, so it is busy until the last queued kernel ends.
+fn launch(blocks: u64) -> CUresult {
     let mut s = try_cu!(state());
-    if CURRENT.with(|c| c.get()).is_none() {
+    let Some(d) = CURRENT.with(|c| c.get()) else {
         return CUDA_ERROR_INVALID_CONTEXT;
-    }
+    };
     s.launches += 1;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    let work = blocks.saturating_mul(block_ns());
+    if work == 0 {
+        return CUDA_SUCCESS;
+    }
+    let now = now_ns();
+    let dev = &mut s.devices[d];
+    dev.busy_until = dev.busy_until.max(now) + work;
+    dev.scheduled += work;
+    let ahead = dev.busy_until - now;
+    drop(s);
+    if ahead > QUEUE_NS {
+        std::thread::sleep(std::time::Duration::from_nanos(ahead - QUEUE_NS));
+    }
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA; read by the fake NVML as NVML reads the GPU): GPU time in ns that kernels
+/// launched by this process have run on physical device `dev` so far.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetBusyNs(dev: c_int, busy: *mut u64) -> CUresult {
+    if busy.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = try_cu!(state());
+    let Some(d) = s.physical.iter().position(|&p| p as c_int == dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    let dev = &s.devices[d];
+    let queued = dev.busy_until.saturating_sub(now_ns());
+    // SAFETY: checked non-null.
+    unsafe { *busy = dev.scheduled.saturating_sub(queued) };
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA; read by the fake NVML): bytes allocated on physical device `dev`, by every
+/// process when `FAKE_CUDA_SHARED` is set, else by this one.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetDeviceUsed(dev: c_int, used: *mut u64) -> CUresult {
+    if used.is_null() || dev < 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = try_cu!(state());
+    let own = s
+        .physical
+        .iter()
+        .position(|&p| p as c_int == dev)
+        .map_or(0, |d| s.devices[d].used);
+    // SAFETY: checked non-null.
+    unsafe { *used = shared::used(dev as usize).unwrap_or(own) };
     CUDA_SUCCESS
 }
 
@@ -693,7 +778,7 @@ fn launch_grid(grid: [c_uint; 3], block: [c_uint; 3]) -> CUresult {
     if grid.contains(&0) || block.contains(&0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    launch()
+    launch(grid.iter().map(|&g| u64::from(g)).product())
 }
 
 /// `cuLaunchKernel_ptsz`.
@@ -775,10 +860,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     }
     // SAFETY: checked non-null.
     let c = unsafe { &*config };
-    if c.grid.contains(&0) || c.block.contains(&0) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    launch()
+    launch_grid(c.grid, c.block)
 }
 
 /// `cuLaunchKernelEx_ptsz`.
@@ -801,14 +883,14 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
 /// `cuGraphLaunch`: one counted launch per graph.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
-    launch()
+    launch(1)
 }
 
 /// `cuGraphLaunch_ptsz`.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> CUresult {
     let _ = (exec, stream);
-    launch()
+    launch(1)
 }
 
 /// Test hook (not CUDA): launches this process made, for tests to compare with the hook's meter.
