@@ -256,7 +256,6 @@ fn nvml() -> Option<&'static NvmlReal> {
 struct Throttle {
     limits: [u32; MAX_DEVICES],
     buckets: [Bucket; MAX_DEVICES],
-    watcher: AtomicBool,
 }
 
 impl Throttle {
@@ -266,7 +265,6 @@ impl Throttle {
         limits.iter().any(|&l| l > 0).then(|| Throttle {
             limits,
             buckets: std::array::from_fn(|_| Bucket::default()),
-            watcher: AtomicBool::new(false),
         })
     }
 }
@@ -280,39 +278,49 @@ fn now_ns() -> u64 {
         .as_nanos() as u64
 }
 
-/// The watcher: every [`throttle::PERIOD`] reads each limited device's utilization from NVML and
-/// steers its bucket (control law in [`crate::throttle`]).
-fn watch(h: &'static Hook, t: &'static Throttle) {
-    let Some(nv) = nvml() else {
-        eprintln!("vgpu: libnvidia-ml.so.1 cannot be loaded; CUDA_DEVICE_SM_LIMIT is not enforced");
-        return;
-    };
-    // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
-    if nv
-        .nvmlInit_v2
-        .is_none_or(|f| unsafe { f() } != CUDA_SUCCESS)
-    {
-        eprintln!("vgpu: NVML does not initialise; CUDA_DEVICE_SM_LIMIT is not enforced");
-        return;
-    }
+/// How often the watcher reclaims the slots of dead processes (their memory returns to the
+/// container within this time, their counters move to the retired totals).
+const RECLAIM_EVERY: u32 = 10; // periods of 50 ms: 500 ms
+
+/// The watcher thread, one per process (started when the process claims its slot): every
+/// [`throttle::PERIOD`] it reads each limited device's utilization from NVML and steers its bucket
+/// (control law in [`crate::throttle`]); every [`RECLAIM_EVERY`] periods it reclaims dead slots.
+fn watch(h: &'static Hook) {
     let mut devices = Vec::new();
-    for d in (0..MAX_DEVICES).filter(|&d| t.limits[d] > 0) {
-        let mut handle = std::ptr::null_mut();
-        let Some(get) = nv.nvmlDeviceGetHandleByIndex_v2 else {
-            break;
-        };
-        // SAFETY: valid out pointer; NVML numbers the container's devices as the limits are numbered.
-        if unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS {
-            let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
-            devices.push((d, handle, c, 0u64));
+    if let Some(t) = &h.throttle {
+        match nvml() {
+            // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
+            Some(nv) if nv.nvmlInit_v2.is_some_and(|f| unsafe { f() } == CUDA_SUCCESS) => {
+                for d in (0..MAX_DEVICES).filter(|&d| t.limits[d] > 0) {
+                    let mut handle = std::ptr::null_mut();
+                    let Some(get) = nv.nvmlDeviceGetHandleByIndex_v2 else {
+                        break;
+                    };
+                    // SAFETY: valid out pointer; NVML numbers the container's devices as the
+                    // limits are numbered.
+                    if unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS {
+                        let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
+                        devices.push((nv, d, handle, c, 0u64));
+                    }
+                }
+            }
+            _ => eprintln!(
+                "vgpu: NVML (libnvidia-ml.so.1) is not available; CUDA_DEVICE_SM_LIMIT is not enforced"
+            ),
         }
     }
-    loop {
+    let me = std::process::id();
+    for tick in 1u32.. {
         std::thread::sleep(throttle::PERIOD);
-        let pids = h.ledger.pids();
-        for (d, handle, c, last_seen) in &mut devices {
-            let u = utilization(nv, *handle, &pids, last_seen);
-            c.step(&t.buckets[*d], now_ns(), u);
+        if let Some(t) = &h.throttle {
+            let pids = h.ledger.pids();
+            for (nv, d, handle, c, last_seen) in &mut devices {
+                let u = utilization(nv, *handle, &pids, last_seen);
+                c.step(&t.buckets[*d], now_ns(), u);
+            }
+        }
+        if tick % RECLAIM_EVERY == 0 {
+            h.ledger.reclaim_dead(me, &alive);
         }
     }
 }
@@ -370,6 +378,8 @@ struct Hook {
     ledger: Ledger<'static>,
     /// Core limit; `None` when no device is limited.
     throttle: Option<Throttle>,
+    /// Whether this process's watcher thread runs.
+    watcher: AtomicBool,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
     /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
@@ -427,6 +437,7 @@ fn init() -> Result<Hook, CUresult> {
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     Ok(Hook {
         throttle: Throttle::new(&config.sm_limit),
+        watcher: AtomicBool::new(false),
         config,
         real,
         ledger,
@@ -440,10 +451,8 @@ fn init() -> Result<Hook, CUresult> {
 extern "C" fn after_fork_child() {
     if let Some(Ok(h)) = HOOK.get() {
         h.slot.store(usize::MAX, Ordering::SeqCst);
-        // The watcher thread does not exist in the child; the next launch starts one.
-        if let Some(t) = &h.throttle {
-            t.watcher.store(false, Ordering::SeqCst);
-        }
+        // The watcher thread does not exist in the child; claiming the slot starts one.
+        h.watcher.store(false, Ordering::SeqCst);
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -518,7 +527,7 @@ macro_rules! try_cu {
 }
 
 impl Hook {
-    fn slot(&self) -> Result<usize, CUresult> {
+    fn slot(&'static self) -> Result<usize, CUresult> {
         let s = self.slot.load(Ordering::SeqCst);
         if s != usize::MAX {
             return Ok(s);
@@ -526,6 +535,14 @@ impl Hook {
         match self.ledger.claim(std::process::id(), &alive) {
             Some(s) => {
                 self.slot.store(s, Ordering::SeqCst);
+                if !self.watcher.swap(true, Ordering::SeqCst) {
+                    let spawned = std::thread::Builder::new()
+                        .name("vgpu-watcher".into())
+                        .spawn(move || watch(self));
+                    if spawned.is_err() {
+                        eprintln!("vgpu: cannot start the watcher thread; CUDA_DEVICE_SM_LIMIT is not enforced and dead processes are reclaimed only when memory runs out");
+                    }
+                }
                 Ok(s)
             }
             None => {
@@ -549,7 +566,7 @@ impl Hook {
 
     /// Reserves `bytes` on `dev`, refusing over the limit; dead processes' memory is reclaimed once
     /// before a refusal.
-    fn reserve(&self, dev: usize, bytes: u64) -> Result<usize, CUresult> {
+    fn reserve(&'static self, dev: usize, bytes: u64) -> Result<usize, CUresult> {
         let slot = self.slot()?;
         let limit = self.config.memory_limit.get(dev).copied().flatten();
         if !self.ledger.reserve(slot, dev, bytes, limit)
@@ -571,7 +588,7 @@ impl Hook {
     /// Reserves `bytes` on `dev`, runs the driver allocation `call` (which returns the new pointer or
     /// handle), and commits or rolls back.
     fn allocate(
-        &self,
+        &'static self,
         dev: Result<usize, CUresult>,
         bytes: u64,
         kind: Kind,
@@ -591,7 +608,7 @@ impl Hook {
         }
     }
 
-    fn free(&self, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    fn free(&'static self, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = call();
         if r == CUDA_SUCCESS {
             let entry = self
@@ -633,14 +650,6 @@ impl Hook {
         let Ok(d) = self.device() else { return };
         if d >= MAX_DEVICES || t.limits[d] == 0 {
             return;
-        }
-        if !t.watcher.load(Ordering::Relaxed) && !t.watcher.swap(true, Ordering::SeqCst) {
-            let spawned = std::thread::Builder::new()
-                .name("vgpu-watcher".into())
-                .spawn(move || watch(self, t));
-            if spawned.is_err() {
-                eprintln!("vgpu: cannot start the core-limit watcher thread; CUDA_DEVICE_SM_LIMIT is not enforced");
-            }
         }
         let wait = t.buckets[d].take(now_ns(), blocks);
         if wait > 0 {

@@ -72,7 +72,7 @@ impl<'a> Ledger<'a> {
             for s in 0..SLOT_COUNT {
                 let owner = self.w(s, slot::OWNER);
                 if owner.load(SeqCst) == u64::from(pid) {
-                    self.clear(s);
+                    self.retire(s);
                     return Some(s);
                 }
             }
@@ -90,6 +90,20 @@ impl<'a> Ledger<'a> {
             }
         }
         None
+    }
+
+    /// Folds a slot's counters into the header's retired counters (so the container's counters stay
+    /// monotonic) and clears it.
+    fn retire(&self, s: usize) {
+        for (field, total) in [
+            (slot::LAUNCHES, header::RETIRED_LAUNCHES),
+            (slot::OOM_REFUSALS, header::RETIRED_OOM_REFUSALS),
+            (slot::THROTTLED_NS, header::RETIRED_THROTTLED_NS),
+        ] {
+            let v = self.w(s, field).swap(0, SeqCst);
+            self.words[total].fetch_add(v, SeqCst);
+        }
+        self.clear(s);
     }
 
     fn clear(&self, s: usize) {
@@ -113,7 +127,7 @@ impl<'a> Ledger<'a> {
                 .compare_exchange(cur, OWNER_RECLAIMING | u64::from(me), SeqCst, SeqCst)
                 .is_ok()
             {
-                self.clear(s);
+                self.retire(s);
                 owner.store(0, SeqCst);
                 n += 1;
             }
@@ -145,14 +159,16 @@ impl<'a> Ledger<'a> {
         }
         let used = self.w(s, slot::USED + dev);
         let mine = used.fetch_add(bytes, SeqCst).saturating_add(bytes);
+        let container = self.container_used(dev);
         if let Some(limit) = limit {
-            if bytes > limit || self.container_used(dev) > limit {
+            if bytes > limit || container > limit {
                 used.fetch_sub(bytes, SeqCst);
                 self.w(s, slot::OOM_REFUSALS).fetch_add(1, SeqCst);
                 return false;
             }
         }
         self.w(s, slot::PEAK + dev).fetch_max(mine, SeqCst);
+        self.words[header::CONTAINER_PEAK + dev].fetch_max(container, SeqCst);
         true
     }
 
@@ -211,6 +227,7 @@ mod tests {
         assert_eq!(s.memory_limit[0], 1 << 30);
         assert_eq!(s.oom_refusals(), 2);
         assert_eq!(s.launches(), 1);
+        assert_eq!(s.container_peak[0], 1 << 30);
         l.release(a, 0, 1023 << 20);
         assert_eq!(l.container_used(0), 1 << 20);
     }
@@ -223,8 +240,17 @@ mod tests {
         assert!(l.reserve(a, 0, 100, Some(100)));
         let b = l.claim(11, &|_| true).unwrap();
         assert!(!l.reserve(b, 0, 1, Some(100)));
+        l.launched(a);
+        l.throttled(a, 5);
         assert_eq!(l.reclaim_dead(11, &|p| p != 10), 1);
         assert!(l.reserve(b, 0, 100, Some(100)));
+        // The dead process's counters stay in the container's totals.
+        let snap = Snapshot::parse(&bytes(&w)).unwrap();
+        assert_eq!(snap.processes.len(), 1);
+        assert_eq!(
+            (snap.launches(), snap.throttled_ns(), snap.oom_refusals()),
+            (1, 5, 1)
+        );
         // Pid 11 comes back as a new process: its old slot is cleared.
         assert_eq!(l.claim(11, &|_| true), Some(b));
         assert_eq!(l.container_used(0), 0);

@@ -9,6 +9,7 @@
  *         | launchp:N | coop:N | coopp:N | launchex:N | launchexp:N | graph:N | graphp:N
  *         | rate:TOTAL_MS:WINDOW_MS:GRID (launch GRID-block kernels as fast as allowed for TOTAL_MS,
  *           printing "window START_MS LAUNCHES_PER_S" per window)
+ *         | hold:MS (stay alive MS milliseconds)
  *         | nvml:INDEX (nvmlDeviceGetMemoryInfo and _v2 of NVML device INDEX)
  *   (BYTES takes an m suffix for MiB; the 'p' steps use the per-thread-default-stream entry)
  */
@@ -369,6 +370,10 @@ int main(int argc, char **argv) {
                 ok += r == 0;
             }
             printf("%.*s ok %d\n", len, a, ok);
+        } else if (!strncmp(a, "hold:", 5)) {
+            struct timespec t = { atoi(a + 5) / 1000, (atoi(a + 5) % 1000) * 1000000L };
+            nanosleep(&t, NULL);
+            printf("held\n");
         } else if (!strncmp(a, "nvml:", 5)) {
             void *dev = NULL;
             nvml_memory m = {0, 0, 0};

@@ -555,3 +555,49 @@ fn nvml_memory_info_reports_the_slice() {
         )
     );
 }
+
+/// A live process's watcher reclaims the slot of a process that exited within 1 s: its memory
+/// returns to the container and its launches stay in the container's (retired) totals.
+#[test]
+fn dead_processes_leave_the_file_within_a_second() {
+    let env = setup();
+    let vars = [("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
+    let mut holder = env
+        .command(
+            &vars,
+            &["direct", "init", "ctx:0", "alloc:1m", "hold:30000"],
+        )
+        .spawn()
+        .unwrap();
+    let read = || {
+        std::fs::read(env.cache())
+            .ok()
+            .and_then(|b| Snapshot::parse(&b).ok())
+    };
+    vgpu_tests::wait_for(
+        std::time::Duration::from_secs(10),
+        "the holder's allocation in the file",
+        || read().filter(|s| s.used(0) == 1 << 20),
+    );
+    let (out, _) = env.run(
+        &vars,
+        &["direct", "init", "ctx:0", "alloc:512m", "launch:7"],
+    );
+    let exited = std::time::Instant::now();
+    assert_eq!(out[3], "launch ok 7");
+    let snap = vgpu_tests::wait_for(
+        std::time::Duration::from_secs(5),
+        "the exited process's slot to be reclaimed",
+        || read().filter(|s| s.processes.len() == 1 && s.used(0) == 1 << 20),
+    );
+    let took = exited.elapsed();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "reclaimed after {took:?}"
+    );
+    assert_eq!(snap.launches(), 7);
+    assert_eq!(snap.retired.launches, 7);
+    assert_eq!(snap.container_peak[0], 513 << 20);
+}
