@@ -15,7 +15,8 @@
 //! | 22 .. 22+[`MAX_DEVICES`] | SM limit per visible device in percent, 0 = none |
 //! | 38, 39, 40 | launches, refusals and throttled ns of processes whose slots were reclaimed (so the container's counters never go back when a process exits) |
 //! | 41 .. 41+[`MAX_DEVICES`] | peak bytes the whole container had allocated, per device |
-//! | 57 .. 64 | reserved, 0 |
+//! | 57 | slot high-water mark: no slot at or above this index has ever been owned (writers raise it before a new slot's first use, so the hooks sum only the slots below it; readers may ignore it) |
+//! | 58 .. 64 | reserved, 0 |
 //!
 //! | slot word | meaning |
 //! |---|---|
@@ -82,6 +83,8 @@ pub mod header {
     pub const RETIRED_THROTTLED_NS: usize = 40;
     /// First per-device container peak word.
     pub const CONTAINER_PEAK: usize = 41;
+    /// Slot high-water mark.
+    pub const SLOTS_USED: usize = 57;
 }
 
 /// Slot word indexes (relative to the slot's first word).

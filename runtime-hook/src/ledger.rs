@@ -65,6 +65,13 @@ impl<'a> Ledger<'a> {
         &self.words[slot_word(s, field)]
     }
 
+    /// Slots that may be owned: those below the high-water mark. Reserve-then-check stays exact:
+    /// a claimer raises the mark before its first reservation, so a sum that comes after that
+    /// reservation in the SeqCst order also reads a mark covering the slot.
+    fn used_slots(&self) -> std::ops::Range<usize> {
+        0..(self.words[header::SLOTS_USED].load(SeqCst) as usize).min(SLOT_COUNT)
+    }
+
     /// Takes a slot for `pid`: one it already owns (its pid was reused: the old owner is dead) is
     /// cleared and kept, else a free one; when none is free, dead owners' slots are reclaimed first.
     pub fn claim(&self, pid: u32, alive: &dyn Fn(u32) -> bool) -> Option<usize> {
@@ -82,6 +89,8 @@ impl<'a> Ledger<'a> {
                     .compare_exchange(0, u64::from(pid), SeqCst, SeqCst)
                     .is_ok()
                 {
+                    // Before the slot's first reservation: every later sum then covers it.
+                    self.words[header::SLOTS_USED].fetch_max(s as u64 + 1, SeqCst);
                     return Some(s);
                 }
             }
@@ -115,7 +124,7 @@ impl<'a> Ledger<'a> {
     /// Frees the slots whose owner (or reclaimer) is dead. Returns how many.
     pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
-        for s in 0..SLOT_COUNT {
+        for s in self.used_slots() {
             let owner = self.w(s, slot::OWNER);
             let cur = owner.load(SeqCst);
             let pid = (cur & 0xffff_ffff) as u32;
@@ -137,7 +146,7 @@ impl<'a> Ledger<'a> {
 
     /// Pids owning a slot (the container's CUDA processes).
     pub fn pids(&self) -> Vec<u32> {
-        (0..SLOT_COUNT)
+        self.used_slots()
             .map(|s| self.w(s, slot::OWNER).load(SeqCst))
             .filter(|&o| o != 0 && o & OWNER_RECLAIMING == 0)
             .map(|o| (o & 0xffff_ffff) as u32)
@@ -146,7 +155,7 @@ impl<'a> Ledger<'a> {
 
     /// Bytes the container uses on `dev`.
     pub fn container_used(&self, dev: usize) -> u64 {
-        (0..SLOT_COUNT)
+        self.used_slots()
             .map(|s| self.w(s, slot::USED + dev).load(SeqCst))
             .fold(0u64, u64::saturating_add)
     }
@@ -217,6 +226,9 @@ mod tests {
         let a = l.claim(10, &|_| true).unwrap();
         let b = l.claim(11, &|_| true).unwrap();
         assert_ne!(a, b);
+        // Only the claimed slots are summed.
+        assert_eq!(w[header::SLOTS_USED].load(SeqCst), 2);
+        assert_eq!(l.used_slots(), 0..2);
         assert!(l.reserve(a, 0, 1023 << 20, lim[0]));
         assert!(!l.reserve(b, 0, 2 << 20, lim[0]));
         assert!(l.reserve(b, 0, 1 << 20, lim[0]));
