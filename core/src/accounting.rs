@@ -278,12 +278,13 @@ impl Snapshot {
         w.iter().flat_map(|x| x.to_ne_bytes()).collect()
     }
 
-    /// Bytes the container uses on `device` now (sum over its processes).
+    /// Bytes the container uses on `device` now (sum over its processes; saturating: the file is
+    /// written by the container and may hold anything).
     pub fn used(&self, device: usize) -> u64 {
         self.processes
             .iter()
             .map(|p| p.used.get(device).copied().unwrap_or(0))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Kernel launches of the container, exited processes included (monotonic).
@@ -426,6 +427,17 @@ mod tests {
         ));
     }
 
+    /// The file is the container's to write: totals saturate instead of overflowing.
+    #[test]
+    fn totals_saturate() {
+        let mut s = sample();
+        s.processes[0].used[0] = u64::MAX;
+        s.processes[0].launches = u64::MAX;
+        let back = Snapshot::parse(&s.to_bytes()).unwrap();
+        assert_eq!(back.used(0), u64::MAX);
+        assert_eq!(back.launches(), u64::MAX);
+    }
+
     proptest::proptest! {
         /// Arbitrary bytes never panic the reader.
         #[test]
@@ -444,7 +456,9 @@ mod tests {
             for (i, v) in &edits {
                 b[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
             }
-            let _ = Snapshot::parse(&b);
+            if let Ok(s) = Snapshot::parse(&b) {
+                let _ = (s.launches(), s.oom_refusals(), s.throttled_ns(), s.used(0));
+            }
             let whole = sample().to_bytes();
             proptest::prop_assert!(Snapshot::parse(&whole[..cut]).is_err());
         }
