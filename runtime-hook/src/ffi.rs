@@ -380,6 +380,8 @@ struct Hook {
     throttle: Option<Throttle>,
     /// Whether this process's watcher thread runs.
     watcher: AtomicBool,
+    /// When a refused allocation last reclaimed dead slots (`now_ns`, 0 = never).
+    last_reclaim: AtomicU64,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
     /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
@@ -438,6 +440,7 @@ fn init() -> Result<Hook, CUresult> {
     Ok(Hook {
         throttle: Throttle::new(&config.sm_limit),
         watcher: AtomicBool::new(false),
+        last_reclaim: AtomicU64::new(0),
         config,
         real,
         ledger,
@@ -570,12 +573,27 @@ impl Hook {
         let slot = self.slot()?;
         let limit = self.config.memory_limit.get(dev).copied().flatten();
         if !self.ledger.reserve(slot, dev, bytes, limit)
-            && (self.ledger.reclaim_dead(std::process::id(), &alive) == 0
-                || !self.ledger.reserve(slot, dev, bytes, limit))
+            && (!self.reclaim_now() || !self.ledger.reserve(slot, dev, bytes, limit))
         {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         Ok(slot)
+    }
+
+    /// On a refusal: reclaims dead processes' slots, at most once per 10 ms per process (a program
+    /// probing the limit in a loop would otherwise check every slot owner's liveness per refusal;
+    /// the watcher reclaims every 500 ms anyway). Whether something was reclaimed.
+    fn reclaim_now(&self) -> bool {
+        const EVERY_NS: u64 = 10_000_000;
+        let now = now_ns().max(1);
+        let last = self.last_reclaim.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < EVERY_NS {
+            return false;
+        }
+        self.last_reclaim
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && self.ledger.reclaim_dead(std::process::id(), &alive) > 0
     }
 
     fn remember(&self, kind: Kind, key: u64, dev: usize, bytes: u64) {

@@ -143,12 +143,6 @@ static int lookup_more(const char *mode, void *lib) {
     return 1;
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static unsigned long long bytes_arg(const char *a) {
     char *end;
     unsigned long long b = strtoull(a, &end, 10);
@@ -156,7 +150,17 @@ static unsigned long long bytes_arg(const char *a) {
     return b;
 }
 
-struct worker { int iters; unsigned seed; int refused; };
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+struct worker { int iters; unsigned seed; int refused; double worst_ms; };
+
+/* Times one driver call: the longest a call took is what "never block" is checked against. */
+#define TIMED(w, call) do { double t0_ = now_ms(); call; double d_ = now_ms() - t0_; \
+    if (d_ > (w)->worst_ms) (w)->worst_ms = d_; } while (0)
 
 static void *stress(void *arg) {
     struct worker *w = arg;
@@ -168,10 +172,12 @@ static void *stress(void *arg) {
         if (n < 64 && (n == 0 || rand_r(&w->seed) % 3 != 0)) {
             CUdeviceptr p;
             size_t b = 1 + (size_t)(rand_r(&w->seed) % (64u << 20));
-            if (f.alloc(&p, b) == 0) held[n++] = p; else w->refused++;
+            CUresult r;
+            TIMED(w, r = f.alloc(&p, b));
+            if (r == 0) held[n++] = p; else w->refused++;
         } else {
             int k = rand_r(&w->seed) % n;
-            f.free(held[k]);
+            TIMED(w, f.free(held[k]));
             held[k] = held[--n];
         }
     }
@@ -279,12 +285,17 @@ int main(int argc, char **argv) {
             struct worker w[64];
             if (threads > 64) threads = 64;
             for (int j = 0; j < threads; j++) {
-                w[j].iters = iters; w[j].seed = seed * 131 + j; w[j].refused = 0;
+                w[j].iters = iters; w[j].seed = seed * 131 + j; w[j].refused = 0; w[j].worst_ms = 0;
                 pthread_create(&t[j], NULL, stress, &w[j]);
             }
             int refused = 0;
-            for (int j = 0; j < threads; j++) { pthread_join(t[j], NULL); refused += w[j].refused; }
-            printf("stress done refused %d\n", refused);
+            double worst = 0;
+            for (int j = 0; j < threads; j++) {
+                pthread_join(t[j], NULL);
+                refused += w[j].refused;
+                if (w[j].worst_ms > worst) worst = w[j].worst_ms;
+            }
+            printf("stress done refused %d worst_ms %.3f\n", refused, worst);
         } else if (!strncmp(a, "peak:", 5)) {
             CUresult (*pk)(int, unsigned long long *) = dlsym(RTLD_DEFAULT, "fakeCudaGetSharedPeak");
             unsigned long long v = 0;

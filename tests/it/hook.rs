@@ -306,6 +306,7 @@ fn stress_with_sigkill_never_passes_the_limit() {
         .map(|i| {
             let step = format!("stress:16:4000:{}", i + 1);
             env.command(&vars, &["direct", "init", step.as_str()])
+                .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
         })
@@ -341,6 +342,20 @@ fn stress_with_sigkill_never_passes_the_limit() {
     );
     for s in statuses.into_iter().flatten() {
         assert!(s.success(), "a survivor failed: {s}");
+    }
+    // No allocation or free of a survivor blocked for a second, whatever the kills interrupted.
+    for c in &mut survivors {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut c.stdout.take().unwrap(), &mut out).unwrap();
+        let worst: f64 = out
+            .split_whitespace()
+            .skip_while(|w| *w != "worst_ms")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{out}"))
+            .parse()
+            .unwrap();
+        eprintln!("survivor: {}", out.trim());
+        assert!(worst < 1000.0, "a call blocked {worst} ms: {out}");
     }
     let (out, _) = env.run(&vars, &["direct", "init", "ctx:0", "peak:0", "alloc:1023m"]);
     let peak: u64 = out[2]
@@ -501,13 +516,20 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
             "{snap:?}"
         );
 
-        let (out, _) = env.run(&with("100"), &["direct", "init", "ctx:0", "rate:600:200:4"]);
+        // Limit 100 = no limit: nothing waits (exact: no throttled time in a fresh file), and the
+        // rate stays the device's (loosely: the machine may be busy).
+        let env = setup();
+        let (out, _) = env.run(
+            &with("100"),
+            &["direct", "init", "ctx:0", "rate:1000:100:4"],
+        );
+        assert_eq!(env.snapshot().throttled_ns(), 0);
         let full = windows(&out);
         eprintln!(
             "process_util {process_util}: r0 {r0:.0}/s, limit 30 {limited:?}, limit 100 {full:?}"
         );
         let r100 = full.iter().map(|w| w.1).fold(0.0, f64::max);
-        assert!(r100 / r0 > 0.9, "limit 100 throttled: {r100} vs {r0}");
+        assert!(r100 / r0 > 0.8, "limit 100 throttled: {r100} vs {r0}");
     }
 }
 
