@@ -125,7 +125,10 @@ pub fn start_webhook(
     extra: &[&str],
 ) -> (Running, std::net::SocketAddr) {
     let mut cmd = Command::new(crate::binary("vgpu-webhook"));
-    cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
+    // Only an explicit --kubeconfig in `extra` connects it to an API server.
+    cmd.env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
         .arg(cert)
         .arg("--tls-key")
         .arg(key)

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::mutate::MutateSettings;
+use crate::validate::ValidateSettings;
 
 /// Default listen address in a cluster.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8443";
@@ -61,6 +62,17 @@ pub struct Cli {
     /// Local trial mode: a throwaway self-signed certificate on 127.0.0.1:8443, no cluster needed.
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     pub dev: bool,
+    /// Kubeconfig for the API server (quota, Events). Without it: in-cluster config when
+    /// KUBERNETES_SERVICE_HOST is set, else $KUBECONFIG, else no API access (quota not enforced).
+    #[arg(long, env = "VGPU_WEBHOOK_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the quota reservation ConfigMaps: the webhook's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "vgpu-system")]
+    pub namespace: String,
+    /// Seconds a quota reservation counts while its pod is not yet in the pod cache.
+    #[arg(long, env = "VGPU_WEBHOOK_RESERVATION_TTL", default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub reservation_ttl: u64,
     /// Log format.
     #[arg(
         long,
@@ -94,6 +106,10 @@ pub struct Settings {
     pub cert: CertSource,
     /// Mutation settings.
     pub mutate: MutateSettings,
+    /// Validation settings.
+    pub validate: ValidateSettings,
+    /// Explicit kubeconfig, if any.
+    pub kubeconfig: Option<PathBuf>,
     /// Whether `--dev` was given.
     pub dev: bool,
 }
@@ -121,6 +137,13 @@ impl Cli {
         Ok(Settings {
             listen,
             cert,
+            validate: ValidateSettings {
+                policy: file.request_policy(),
+                rules: file.policy.clone(),
+                reservation_ttl: std::time::Duration::from_secs(self.reservation_ttl),
+                ledger_namespace: self.namespace.clone(),
+            },
+            kubeconfig: self.kubeconfig.clone(),
             mutate: MutateSettings {
                 policy: file.request_policy(),
                 scheduler_name: self.scheduler_name.clone(),

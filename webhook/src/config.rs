@@ -10,6 +10,13 @@
 //!   gpu: 1                 # vGPUs when only memory/cores are given
 //!   gpumemPercentage: 100  # memory when neither gpumem nor percentage is given
 //!   gpucores: 0            # 0 = unlimited
+//! policy:                  # validating rules, all on by default
+//!   denyPrivileged: true
+//!   denyReservedEnv: true
+//!   denyReservedAnnotations: true
+//!   denyPreloadOverride: true
+//!   denyOversizedGpumem: true
+//!   protectedPaths: [/etc/ld.so.preload, /usr/local/vgpu]
 //! ```
 //!
 //! Every key is optional; unknown keys are an error, so a typo never silently keeps a default.
@@ -20,6 +27,8 @@ use thiserror::Error;
 use vgpu_core::request::RequestPolicy;
 use vgpu_core::resources::{Defaults, ResourceNames};
 
+use crate::validate::policy::PolicyRules;
+
 /// The file's contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -28,6 +37,8 @@ pub struct ConfigFile {
     pub resource_names: ResourceNames,
     /// Defaults.
     pub defaults: Defaults,
+    /// Validating policy rules.
+    pub policy: PolicyRules,
 }
 
 /// The file could not be used.
@@ -140,6 +151,13 @@ mod tests {
         assert_eq!(c.defaults.gpu, 1);
         assert_eq!(c.resource_names.gpu, "example.com/vgpu");
         assert_eq!(c.resource_names.gpumem, "nvidia.com/gpumem");
+        assert!(c.policy.deny_privileged);
+        let c = parse("policy:\n  denyPrivileged: false\n").unwrap();
+        assert!(!c.policy.deny_privileged && c.policy.deny_reserved_env);
+        let e = parse("policy:\n  denyPriviliged: false\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `denyPriviliged`"), "{e}");
     }
 
     #[test]

@@ -5,8 +5,10 @@ use clap::Parser;
 use std::sync::Arc;
 use std::time::Duration;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
+use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, AppState};
 use vgpu_webhook::tls;
+use vgpu_webhook::validate::Validator;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -25,7 +27,16 @@ async fn main() -> anyhow::Result<()> {
         CertSource::SelfSigned => (tls::dev_server_config()?, None),
     };
     let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
-    let router = app(Arc::new(AppState::new(settings.mutate.clone())));
+    let metrics = Arc::new(Metrics::new());
+    let validator = match kube_client(settings.kubeconfig.as_deref()).await? {
+        Some(client) => Validator::connected(settings.validate.clone(), client, metrics.clone()),
+        None => {
+            tracing::warn!("no Kubernetes API configured (--kubeconfig, in-cluster or $KUBECONFIG): quota is not enforced and no Events are written; policy rules still apply");
+            Validator::offline(settings.validate.clone(), metrics.clone())
+        }
+    };
+    let state = AppState::with_validator(settings.mutate.clone(), validator, metrics);
+    let router = app(Arc::new(state));
 
     let handle = axum_server::Handle::new();
     let shutdown = handle.clone();
@@ -52,6 +63,36 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("serving on {}", settings.listen))?;
     Ok(())
+}
+
+/// The API client: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`, else none.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<kube::Client>> {
+    let path = match kubeconfig {
+        Some(p) => Some(p.to_path_buf()),
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            let config = kube::Config::incluster().context("in-cluster Kubernetes config")?;
+            return Ok(Some(admission_client(config)?));
+        }
+        None => std::env::var_os("KUBECONFIG").map(std::path::PathBuf::from),
+    };
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let kc = kube::config::Kubeconfig::read_from(&path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("kubeconfig {}", path.display()))?;
+    Ok(Some(admission_client(config)?))
+}
+
+/// An admission must answer within the webhook's timeoutSeconds, so the client does not retry
+/// 429/503/504 for a minute on its own (kube's default): the decision fails closed instead.
+fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_secs(2));
+    kube::Client::try_from(config).context("Kubernetes client")
 }
 
 /// Logs go to stderr through a writer thread, so a request never waits on the terminal or pipe

@@ -33,7 +33,7 @@ pub struct EndpointLabels {
 /// Labels of an outcome that either worked or did not.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    /// `ok` or `error`.
+    /// `ok` or `error` (`conflict` too, for reservations).
     pub result: &'static str,
 }
 
@@ -109,12 +109,10 @@ impl Metrics {
         self.admissions.get_or_create(&labels).inc();
     }
 
-    /// Counts one quota reservation attempt.
-    pub fn quota_reservation(&self, ok: bool) {
+    /// Counts one quota reservation attempt: `ok`, `conflict` (retried) or `error`.
+    pub fn quota_reservation(&self, result: &'static str) {
         self.quota_reservations
-            .get_or_create(&ResultLabels {
-                result: if ok { "ok" } else { "error" },
-            })
+            .get_or_create(&ResultLabels { result })
             .inc();
     }
 
@@ -151,7 +149,7 @@ mod tests {
             },
             Duration::from_micros(70),
         );
-        m.quota_reservation(true);
+        m.quota_reservation("ok");
         m.event_write(false);
         let text = m.encode();
         assert!(text.contains(

@@ -286,7 +286,7 @@ fn resources(c: &PodContainer<'_>, req: &VgpuRequest, policy: &RequestPolicy, op
 }
 
 /// The variables the preload library must see, with their values.
-fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
+pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
     let mut out = Vec::with_capacity(2);
     if let Memory::Mib(m) = req.memory {
         out.push((env::MEMORY_LIMIT, env::format_memory_mib(m)));

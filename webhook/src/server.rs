@@ -1,4 +1,4 @@
-//! The HTTP surface: `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//! The HTTP surface: `POST /mutate`, `POST /validate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! Every well-formed review gets a review back, whatever the decision; only bodies that are not
 //! reviews get 400, and bodies over [`MAX_BODY_BYTES`] get 413 before they are read whole.
@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::admission::{AdmissionRequest, AdmissionResponse};
 use crate::metrics::{AdmissionLabels, Metrics};
 use crate::mutate::{mutate_pod, MutateError, MutateSettings};
+use crate::validate::{ValidateSettings, Validator};
 
 /// Largest review body accepted: the API server's own request limit is 3 MiB.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
@@ -25,16 +26,37 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 pub struct AppState {
     /// Mutation settings.
     pub mutate: MutateSettings,
+    /// The validating decision and its view of the cluster.
+    pub validator: Validator,
     /// Counters and histograms served at `/metrics`.
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
-    /// State with fresh metrics.
+    /// State with fresh metrics and an offline validator (policy rules only, no quota).
     pub fn new(mutate: MutateSettings) -> AppState {
+        let metrics = Arc::new(Metrics::new());
+        let settings = ValidateSettings {
+            policy: mutate.policy.clone(),
+            ..ValidateSettings::default()
+        };
         AppState {
             mutate,
-            metrics: Metrics::new(),
+            validator: Validator::offline(settings, metrics.clone()),
+            metrics,
+        }
+    }
+
+    /// State with a given validator, sharing `metrics` with it.
+    pub fn with_validator(
+        mutate: MutateSettings,
+        validator: Validator,
+        metrics: Arc<Metrics>,
+    ) -> AppState {
+        AppState {
+            mutate,
+            validator,
+            metrics,
         }
     }
 }
@@ -43,8 +65,9 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
+        .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -73,6 +96,56 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
         )
     };
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// Ready once the validator's caches hold a complete LIST (always, without API access).
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.validator.ready() {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced").into_response()
+    }
+}
+
+async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let request = match AdmissionRequest::from_review_bytes(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(endpoint = "validate", decision = "bad-request", error = %e, "admission");
+            state.metrics.admission(
+                AdmissionLabels {
+                    endpoint: "validate",
+                    decision: "bad-request",
+                    reason: "not-a-review",
+                },
+                started.elapsed(),
+            );
+            return bad_request(e.to_string());
+        }
+    };
+    let (response, decision) = state.validator.decide(&request).await;
+    let allowed = response.allowed;
+    state.metrics.admission(
+        AdmissionLabels {
+            endpoint: "validate",
+            decision: if allowed { "allowed" } else { "denied" },
+            reason: decision,
+        },
+        started.elapsed(),
+    );
+    tracing::info!(
+        endpoint = "validate",
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        pod = request.object_name(),
+        decision,
+        allowed,
+        message = response.status.as_ref().map(|s| s.message.as_str()).unwrap_or(""),
+        duration_us = started.elapsed().as_micros() as u64,
+        "admission"
+    );
+    Json(response.into_review()).into_response()
 }
 
 async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {

@@ -1,0 +1,407 @@
+//! The webhook's view of the cluster: ResourceQuotas with vGPU keys, vGPU pods (by the label the
+//! mutating webhook stamps) reduced to what quota needs, and the largest card of the node inventory.
+//!
+//! Each is fed by a kube-runtime watcher (LIST, then WATCH from its resourceVersion, re-LIST on
+//! 410 Gone), whose `Init … InitDone` sequence replaces the cached set atomically. A watcher error
+//! marks its cache *unsynced* until the next complete LIST, so decisions never rest on a cache
+//! that may have missed events: the caller then LISTs afresh (see `view`).
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use vgpu_core::annotations::{MANAGED_SELECTOR, NODE_DEVICES};
+use vgpu_core::inventory::NodeInventory;
+use vgpu_core::request::RequestPolicy;
+
+use super::quota::Quota;
+use super::usage::{is_terminal, pod_usage, PodUsage};
+
+/// One vGPU pod as cached: its identity and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedPod {
+    /// metadata.name.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// What it holds.
+    pub usage: PodUsage,
+}
+
+/// Per-namespace maps, swapped whole at the end of a LIST.
+type ByNamespace<T> = HashMap<String, Vec<T>>;
+
+/// What the watchers keep. Cheap to share (`Arc`).
+#[derive(Debug, Default)]
+pub struct ClusterCache {
+    quotas: RwLock<ByNamespace<Quota>>,
+    pods: RwLock<ByNamespace<CachedPod>>,
+    /// Largest card per node, MiB.
+    cards: RwLock<HashMap<String, u64>>,
+    quotas_synced: AtomicBool,
+    pods_synced: AtomicBool,
+    nodes_synced: AtomicBool,
+}
+
+impl ClusterCache {
+    /// Whether every cache holds a complete LIST (readiness).
+    pub fn synced(&self) -> bool {
+        self.quotas_synced.load(Ordering::Acquire)
+            && self.pods_synced.load(Ordering::Acquire)
+            && self.nodes_synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the quota cache is complete.
+    pub fn quotas_synced(&self) -> bool {
+        self.quotas_synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the pod cache is complete.
+    pub fn pods_synced(&self) -> bool {
+        self.pods_synced.load(Ordering::Acquire)
+    }
+
+    /// The vGPU quotas of a namespace (possibly stale if not [`Self::quotas_synced`]).
+    pub fn quotas(&self, namespace: &str) -> Vec<Quota> {
+        read(&self.quotas)
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The non-terminal vGPU pods of a namespace.
+    pub fn pods(&self, namespace: &str) -> Vec<CachedPod> {
+        read(&self.pods).get(namespace).cloned().unwrap_or_default()
+    }
+
+    /// Calls `f` with the namespace's pods without copying them.
+    pub fn with_pods<R>(&self, namespace: &str, f: impl FnOnce(&[CachedPod]) -> R) -> R {
+        let guard = read(&self.pods);
+        f(guard.get(namespace).map(Vec::as_slice).unwrap_or_default())
+    }
+
+    /// The largest card any node reports, MiB; None when no inventory is known.
+    pub fn largest_card_mib(&self) -> Option<u64> {
+        read(&self.cards).values().copied().max()
+    }
+
+    /// Replaces the quotas (tests and benchmarks load the cache without an API server).
+    pub fn load_quotas(&self, quotas: impl IntoIterator<Item = Quota>) {
+        let mut map: ByNamespace<Quota> = HashMap::new();
+        for q in quotas {
+            map.entry(q.namespace.clone()).or_default().push(q);
+        }
+        *write(&self.quotas) = map;
+        self.quotas_synced.store(true, Ordering::Release);
+    }
+
+    /// Replaces the pods, as (namespace, pod).
+    pub fn load_pods(&self, pods: impl IntoIterator<Item = (String, CachedPod)>) {
+        let mut map: ByNamespace<CachedPod> = HashMap::new();
+        for (ns, p) in pods {
+            map.entry(ns).or_default().push(p);
+        }
+        *write(&self.pods) = map;
+        self.pods_synced.store(true, Ordering::Release);
+    }
+
+    /// Replaces the node inventory, as (node, largest card MiB).
+    pub fn load_cards(&self, cards: impl IntoIterator<Item = (String, u64)>) {
+        *write(&self.cards) = cards.into_iter().collect();
+        self.nodes_synced.store(true, Ordering::Release);
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // A writer that panicked left a complete map behind (writes are single assignments).
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The core/v1 resources the webhook reads.
+pub fn api_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// The object as JSON (metadata and body together).
+pub fn to_value(o: &DynamicObject) -> Value {
+    let mut v = o.data.clone();
+    if let (Some(m), Ok(meta)) = (v.as_object_mut(), serde_json::to_value(&o.metadata)) {
+        m.insert("metadata".into(), meta);
+    }
+    v
+}
+
+/// Reduces a pod object to its cache entry; None for terminal or non-vGPU pods.
+pub fn cached_pod(pod: &Value, policy: &RequestPolicy, largest_card_mib: u64) -> Option<CachedPod> {
+    if is_terminal(pod) {
+        return None;
+    }
+    let usage = pod_usage(pod, policy, largest_card_mib).ok()?;
+    if !usage.is_vgpu() {
+        return None;
+    }
+    let s = |p: &str| {
+        pod.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    Some(CachedPod {
+        name: s("/metadata/name"),
+        uid: s("/metadata/uid"),
+        usage,
+    })
+}
+
+/// Largest card in a node's inventory annotation, MiB.
+pub fn node_largest_card(node: &Value) -> Option<u64> {
+    let text = node
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(NODE_DEVICES))
+        .and_then(Value::as_str)?;
+    let inv = NodeInventory::decode(text).ok()?;
+    inv.devices.iter().map(|d| d.memory_mib).max()
+}
+
+/// Starts the three watchers on the runtime; they run until the process ends.
+pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: RequestPolicy) {
+    let names = policy.names.clone();
+    let quotas: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &api_resource("ResourceQuota", "resourcequotas"),
+    );
+    let c = cache.clone();
+    let reduce_quota = move |v: &Value| {
+        let q = Quota::from_object(v, &names)?;
+        if let Some(why) = &q.unsupported {
+            tracing::warn!(namespace = %q.namespace, quota = %q.name, reason = %why,
+                "ResourceQuota not evaluated by vgpu");
+        }
+        Some(q)
+    };
+    tokio::spawn(run_watcher(
+        quotas,
+        watcher::Config::default(),
+        "resourcequotas",
+        move |change| {
+            apply_namespaced(&c.quotas, change, &reduce_quota, |q: &Quota| {
+                q.name.as_str()
+            })
+        },
+        cache.clone(),
+        |c, v| c.quotas_synced.store(v, Ordering::Release),
+    ));
+
+    let pods: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource("Pod", "pods"));
+    let c = cache.clone();
+    let cfg = watcher::Config::default().labels(MANAGED_SELECTOR);
+    tokio::spawn(run_watcher(
+        pods,
+        cfg,
+        "pods",
+        move |change| {
+            let largest = c.largest_card_mib().unwrap_or(0);
+            apply_namespaced(
+                &c.pods,
+                change,
+                &|v| cached_pod(v, &policy, largest),
+                |p: &CachedPod| p.name.as_str(),
+            )
+        },
+        cache.clone(),
+        |c, v| c.pods_synced.store(v, Ordering::Release),
+    ));
+
+    let nodes: Api<DynamicObject> = Api::all_with(client, &api_resource("Node", "nodes"));
+    let c = cache.clone();
+    tokio::spawn(run_watcher(
+        nodes,
+        watcher::Config::default(),
+        "nodes",
+        move |change| {
+            let mut cards = write(&c.cards);
+            match change {
+                Change::Replace(all) => {
+                    *cards = all
+                        .iter()
+                        .filter_map(|((_, name), v)| {
+                            node_largest_card(v).map(|m| (name.clone(), m))
+                        })
+                        .collect()
+                }
+                Change::Apply((_, name), v) => match node_largest_card(v) {
+                    Some(m) => {
+                        cards.insert(name.clone(), m);
+                    }
+                    None => {
+                        cards.remove(name);
+                    }
+                },
+                Change::Delete((_, name)) => {
+                    cards.remove(name);
+                }
+            }
+        },
+        cache,
+        |c, v| c.nodes_synced.store(v, Ordering::Release),
+    ));
+}
+
+/// (namespace, name).
+type Key = (String, String);
+
+/// What a watcher saw.
+enum Change<'a> {
+    /// A complete LIST: everything else is gone.
+    Replace(&'a [(Key, Value)]),
+    /// One object added or modified.
+    Apply(&'a Key, &'a Value),
+    /// One object deleted.
+    Delete(&'a Key),
+}
+
+/// Applies a change to a per-namespace cache, reducing objects with `reduce` (None: not kept).
+fn apply_namespaced<T>(
+    map: &RwLock<ByNamespace<T>>,
+    change: Change<'_>,
+    reduce: &dyn Fn(&Value) -> Option<T>,
+    name_of: fn(&T) -> &str,
+) {
+    match change {
+        Change::Replace(all) => {
+            let mut fresh: ByNamespace<T> = HashMap::new();
+            for ((ns, _), v) in all {
+                if let Some(t) = reduce(v) {
+                    fresh.entry(ns.clone()).or_default().push(t);
+                }
+            }
+            *write(map) = fresh;
+        }
+        Change::Apply((ns, name), v) => {
+            let reduced = reduce(v);
+            let mut guard = write(map);
+            let list = guard.entry(ns.clone()).or_default();
+            list.retain(|t| name_of(t) != name);
+            list.extend(reduced);
+            if list.is_empty() {
+                guard.remove(ns);
+            }
+        }
+        Change::Delete((ns, name)) => {
+            let mut guard = write(map);
+            if let Some(list) = guard.get_mut(ns) {
+                list.retain(|t| name_of(t) != name);
+                if list.is_empty() {
+                    guard.remove(ns);
+                }
+            }
+        }
+    }
+}
+
+/// Runs one watcher, handing each change to `apply`. Objects are not kept here: `apply` reduces
+/// them to the few fields a decision reads, which keeps 20 000 pods small.
+async fn run_watcher(
+    api: Api<DynamicObject>,
+    config: watcher::Config,
+    what: &'static str,
+    apply: impl Fn(Change<'_>) + Send + 'static,
+    cache: Arc<ClusterCache>,
+    set_synced: fn(&ClusterCache, bool),
+) {
+    let mut pending: Option<Vec<(Key, Value)>> = None;
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let key = |o: &DynamicObject| {
+        (
+            o.metadata.namespace.clone().unwrap_or_default(),
+            o.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => pending = Some(Vec::new()),
+            Ok(Event::InitApply(o)) => {
+                if let Some(p) = pending.as_mut() {
+                    p.push((key(&o), slim(to_value(&o))));
+                }
+            }
+            Ok(Event::InitDone) => {
+                let all = pending.take().unwrap_or_default();
+                apply(Change::Replace(&all));
+                set_synced(&cache, true);
+                tracing::info!(resource = what, objects = all.len(), "cache synced");
+            }
+            Ok(Event::Apply(o)) => apply(Change::Apply(&key(&o), &to_value(&o))),
+            Ok(Event::Delete(o)) => apply(Change::Delete(&key(&o))),
+            Err(e) => {
+                // Events may have been missed: decisions LIST afresh until the next complete LIST.
+                set_synced(&cache, false);
+                tracing::warn!(resource = what, error = %e, "watch failed; cache marked unsynced");
+            }
+        }
+    }
+}
+
+/// Drops what no decision reads (managed fields, most of the status), so 20 000 pods stay small.
+fn slim(mut v: Value) -> Value {
+    if let Some(m) = v.pointer_mut("/metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+        m.remove("labels");
+    }
+    if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
+        status.retain(|k, _| k == "phase");
+    }
+    v
+}
+
+/// LISTs a namespace's vGPU pods afresh (used when the pod cache is not synced).
+pub async fn list_pods(
+    client: &kube::Client,
+    namespace: &str,
+    policy: &RequestPolicy,
+    largest_card_mib: u64,
+) -> Result<Vec<CachedPod>, kube::Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &api_resource("Pod", "pods"));
+    let list = api
+        .list(&ListParams::default().labels(MANAGED_SELECTOR))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| cached_pod(&to_value(o), policy, largest_card_mib))
+        .collect())
+}
+
+/// LISTs a namespace's quotas afresh (used when the quota cache is not synced).
+pub async fn list_quotas(
+    client: &kube::Client,
+    namespace: &str,
+    policy: &RequestPolicy,
+) -> Result<Vec<Quota>, kube::Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &api_resource("ResourceQuota", "resourcequotas"),
+    );
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| Quota::from_object(&to_value(o), &policy.names))
+        .collect())
+}

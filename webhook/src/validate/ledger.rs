@@ -1,0 +1,228 @@
+//! Race-free quota across webhook replicas: a reservation ledger with optimistic concurrency.
+//!
+//! Kubernetes' own quota admission serialises admissions by compare-and-swap on the quota object's
+//! `resourceVersion`. vgpu does the same on one ConfigMap per tenant namespace
+//! (`vgpu-quota-<namespace>`, in the webhook's own namespace, where tenants cannot write). An
+//! admission reads the ledger, computes usage = the namespace's cached vGPU pods + the ledger's
+//! reservations for pods not in the cache yet, checks every quota, and writes its own reservation
+//! back with the `resourceVersion` it read. A concurrent writer (another replica) makes that write
+//! fail with 409 Conflict, and the admission starts over from a fresh read, so two admissions can
+//! never both spend the same headroom.
+//!
+//! A reservation counts until its pod shows up in this replica's pod cache (then the pod counts)
+//! or until it expires (`ttl`: a pod that was admitted but never created, for example because a
+//! later admission plugin refused it, frees its share then). Expired reservations are dropped at
+//! the next write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::quota::{self, Exceeded, Quota};
+use super::usage::{Amounts, PodUsage};
+use crate::validate::cache::CachedPod;
+
+/// Key of the ledger in the ConfigMap's data.
+pub const DATA_KEY: &str = "reservations";
+
+/// Name of the ledger ConfigMap of a tenant namespace.
+pub fn ledger_name(namespace: &str) -> String {
+    format!("vgpu-quota-{namespace}")
+}
+
+/// One admitted pod not yet known to be in the pod cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The pod's uid (the API server assigns it before validating admission).
+    pub uid: String,
+    /// The pod's name.
+    pub pod: String,
+    /// Unix milliseconds after which it no longer counts.
+    pub expires_ms: u64,
+    /// What it holds.
+    pub usage: PodUsage,
+}
+
+/// The ledger's contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    /// Reservations, oldest first.
+    pub reservations: Vec<Reservation>,
+}
+
+impl Ledger {
+    /// Reads the ConfigMap's data; a missing or unreadable entry is an empty ledger (the worst
+    /// case is that reservations younger than the TTL are forgotten, as after a restart).
+    pub fn from_configmap(cm: &Value) -> Ledger {
+        cm.pointer("/data")
+            .and_then(|d| d.get(DATA_KEY))
+            .and_then(Value::as_str)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default()
+    }
+
+    /// The ConfigMap body (without metadata).
+    pub fn to_data(&self) -> Value {
+        json!({ DATA_KEY: serde_json::to_string(self).unwrap_or_default() })
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The outcome of one attempt on a ledger snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The pod fits: write this ledger (with its reservation added) back.
+    Write(Ledger),
+    /// The pod is already reserved (the API server retried the call): admit, write nothing.
+    AlreadyReserved,
+    /// A quota would be exceeded.
+    Exceeded(Exceeded),
+}
+
+/// Pure decision on one snapshot: prunes expired reservations, counts usage, checks quotas.
+pub fn attempt(
+    namespace: &str,
+    ledger: &Ledger,
+    pods: &[CachedPod],
+    quotas: &[Quota],
+    incoming: &Reservation,
+    now_ms: u64,
+) -> Attempt {
+    let live: Vec<&Reservation> = ledger
+        .reservations
+        .iter()
+        .filter(|r| r.expires_ms > now_ms)
+        .collect();
+    if live
+        .iter()
+        .any(|r| r.uid == incoming.uid && !incoming.uid.is_empty())
+    {
+        return Attempt::AlreadyReserved;
+    }
+    let in_cache = |r: &Reservation| {
+        pods.iter()
+            .any(|p| (!r.uid.is_empty() && p.uid == r.uid) || p.name == r.pod)
+    };
+    let used = |q: &Quota| {
+        let mut a = Amounts::default();
+        for p in pods.iter().filter(|p| q.covers(&p.usage.facts)) {
+            a += p.usage.amounts();
+        }
+        for r in live
+            .iter()
+            .filter(|r| !in_cache(r) && q.covers(&r.usage.facts))
+        {
+            a += r.usage.amounts();
+        }
+        a
+    };
+    if let Err(e) = quota::check(namespace, &incoming.usage, quotas, used) {
+        return Attempt::Exceeded(e);
+    }
+    let mut next = Ledger {
+        reservations: live.into_iter().cloned().collect(),
+    };
+    next.reservations.push(incoming.clone());
+    Attempt::Write(next)
+}
+
+/// A reservation for a pod, valid for `ttl`.
+pub fn reservation(uid: &str, pod: &str, usage: PodUsage, ttl: Duration) -> Reservation {
+    Reservation {
+        uid: uid.to_string(),
+        pod: pod.to_string(),
+        expires_ms: now_ms().saturating_add(ttl.as_millis() as u64),
+        usage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::usage::{ScopeFacts, SliceCount};
+    use serde_json::json;
+    use vgpu_core::resources::ResourceNames;
+
+    fn usage(mib: u64) -> PodUsage {
+        PodUsage {
+            slices: vec![SliceCount {
+                gpus: 1,
+                mib_per_gpu: mib,
+                cores_per_gpu: 100,
+            }],
+            facts: ScopeFacts::default(),
+        }
+    }
+
+    fn res(uid: &str, mib: u64, expires_ms: u64) -> Reservation {
+        Reservation {
+            uid: uid.into(),
+            pod: format!("pod-{uid}"),
+            expires_ms,
+            usage: usage(mib),
+        }
+    }
+
+    fn quotas(hard: u64) -> Vec<Quota> {
+        vec![Quota::from_object(
+            &json!({"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": {"limits.nvidia.com/gpumem": hard.to_string()}}}),
+            &ResourceNames::default(),
+        )
+        .unwrap()]
+    }
+
+    #[test]
+    fn reservations_count_until_the_pod_is_cached_or_they_expire() {
+        let ledger = Ledger {
+            reservations: vec![res("a", 4096, 2_000), res("b", 4096, 500)],
+        };
+        let q = quotas(8192);
+        // At t=100 both count: no room for a third 4096.
+        assert!(matches!(
+            attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 100),
+            Attempt::Exceeded(_)
+        ));
+        // At t=1000 "b" has expired: it is dropped, and "c" fits.
+        let Attempt::Write(next) = attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 1_000)
+        else {
+            panic!("should fit");
+        };
+        let uids: Vec<_> = next.reservations.iter().map(|r| r.uid.as_str()).collect();
+        assert_eq!(uids, ["a", "c"]);
+        // A reservation whose pod is in the cache is not counted twice.
+        let pods = [CachedPod {
+            name: "pod-a".into(),
+            uid: "a".into(),
+            usage: usage(4096),
+        }];
+        assert!(
+            matches!(attempt("ns", &ledger, &pods, &q, &res("c", 4096, 9_000), 100), Attempt::Exceeded(e) if e.used == 8192)
+        );
+        assert_eq!(
+            attempt("ns", &ledger, &pods, &q, &res("a", 4096, 9_000), 100),
+            Attempt::AlreadyReserved
+        );
+    }
+
+    #[test]
+    fn ledger_round_trips_and_tolerates_garbage() {
+        let l = Ledger {
+            reservations: vec![res("a", 1, 2)],
+        };
+        let cm = json!({"data": l.to_data()});
+        assert_eq!(Ledger::from_configmap(&cm), l);
+        assert_eq!(
+            Ledger::from_configmap(&json!({"data": {DATA_KEY: "{"}})),
+            Ledger::default()
+        );
+        assert_eq!(ledger_name("team-a"), "vgpu-quota-team-a");
+    }
+}

@@ -1,0 +1,416 @@
+//! The validating admission decision (`POST /validate`): policy rules, then tenant quota.
+//!
+//! Order and cost: a pod that requests no vGPU is allowed at once; policy rules need nothing but
+//! the pod; quota needs the namespace's ResourceQuotas (cached) and, only where a vGPU quota
+//! applies, one reservation round-trip to the API ([`ledger`]). So the webhook keeps admitting
+//! pods that need no quota lookup while the API is unreachable, and fails closed for namespaces
+//! that have a vGPU quota.
+
+pub mod cache;
+pub mod events;
+pub mod ledger;
+pub mod policy;
+pub mod quota;
+pub mod usage;
+
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vgpu_core::request::RequestPolicy;
+
+use crate::admission::{AdmissionRequest, AdmissionResponse};
+use crate::metrics::Metrics;
+use cache::ClusterCache;
+use events::{EventRecorder, ObjectRef, Rejection, REASON_POLICY, REASON_QUOTA};
+use ledger::{Attempt, Ledger};
+use policy::PolicyRules;
+use quota::Quota;
+
+/// Default lifetime of a reservation whose pod has not shown up in the pod cache.
+pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(60);
+/// How long an admission keeps retrying ledger conflicts; under the webhook's 5 s timeout.
+pub const RESERVE_DEADLINE: Duration = Duration::from_secs(4);
+
+/// Everything the validation depends on besides the pod and the cluster.
+#[derive(Debug, Clone)]
+pub struct ValidateSettings {
+    /// Resource names and defaults.
+    pub policy: RequestPolicy,
+    /// Policy rules.
+    pub rules: PolicyRules,
+    /// Reservation lifetime.
+    pub reservation_ttl: Duration,
+    /// Namespace of the ledger ConfigMaps (the webhook's own).
+    pub ledger_namespace: String,
+}
+
+impl Default for ValidateSettings {
+    fn default() -> Self {
+        Self {
+            policy: RequestPolicy::default(),
+            rules: PolicyRules::default(),
+            reservation_ttl: DEFAULT_RESERVATION_TTL,
+            ledger_namespace: "vgpu-system".into(),
+        }
+    }
+}
+
+/// The validating webhook's state.
+pub struct Validator {
+    settings: ValidateSettings,
+    cache: Arc<ClusterCache>,
+    client: Option<kube::Client>,
+    events: EventRecorder,
+    metrics: Arc<Metrics>,
+    /// One admission per namespace at a time within this replica: conflicts then only come from
+    /// other replicas.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Validator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validator")
+            .field("settings", &self.settings)
+            .field("connected", &self.client.is_some())
+            .field("ready", &self.ready())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A decision with its one-word label for logs and metrics.
+pub type Decision = (AdmissionResponse, &'static str);
+
+impl Validator {
+    /// A validator without API access: policy rules only, no quota (nothing is known about quotas).
+    pub fn offline(settings: ValidateSettings, metrics: Arc<Metrics>) -> Validator {
+        Validator {
+            settings,
+            cache: Arc::new(ClusterCache::default()),
+            client: None,
+            events: EventRecorder::disabled(metrics.clone()),
+            metrics,
+            locks: Mutex::default(),
+        }
+    }
+
+    /// A validator connected to the cluster: starts the cache watchers and the Event writer.
+    pub fn connected(
+        settings: ValidateSettings,
+        client: kube::Client,
+        metrics: Arc<Metrics>,
+    ) -> Validator {
+        let cache = Arc::new(ClusterCache::default());
+        cache::spawn_watchers(client.clone(), cache.clone(), settings.policy.clone());
+        Validator {
+            events: EventRecorder::start(client.clone(), metrics.clone()),
+            settings,
+            cache,
+            client: Some(client),
+            metrics,
+            locks: Mutex::default(),
+        }
+    }
+
+    /// A validator over a given cache and client (tests, benchmarks).
+    pub fn with_cache(
+        settings: ValidateSettings,
+        cache: Arc<ClusterCache>,
+        client: Option<kube::Client>,
+        metrics: Arc<Metrics>,
+    ) -> Validator {
+        Validator {
+            events: match &client {
+                Some(c) => EventRecorder::start(c.clone(), metrics.clone()),
+                None => EventRecorder::disabled(metrics.clone()),
+            },
+            settings,
+            cache,
+            client,
+            metrics,
+            locks: Mutex::default(),
+        }
+    }
+
+    /// Ready when there is no API to sync with, or every cache holds a complete LIST.
+    pub fn ready(&self) -> bool {
+        self.client.is_none() || self.cache.synced()
+    }
+
+    /// The cache (for readiness details and tests).
+    pub fn cache(&self) -> &ClusterCache {
+        &self.cache
+    }
+
+    /// The decision for one review.
+    pub async fn decide(&self, request: &AdmissionRequest) -> Decision {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
+        if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
+            return (allow, "skipped");
+        }
+        let Some(pod) = &request.object else {
+            return (
+                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
+                "invalid",
+            );
+        };
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| {
+                pod.pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let dry_run = request.dry_run == Some(true);
+        let containers = match policy::vgpu_containers(pod, &self.settings.policy) {
+            Ok(c) => c,
+            Err(e) => return (allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid"),
+        };
+        if containers.is_empty() {
+            return (allow, "no-vgpu");
+        }
+        let largest = self.cache.largest_card_mib();
+        if let Err(v) = policy::check(pod, true, &containers, &self.settings.rules, largest) {
+            if !dry_run {
+                let fallback = ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Namespace".into(),
+                    namespace: String::new(),
+                    name: namespace.clone(),
+                    uid: String::new(),
+                };
+                self.events.record(Rejection {
+                    namespace: namespace.clone(),
+                    regarding: events::regarding(pod, &namespace, fallback),
+                    reason: REASON_POLICY,
+                    note: v.message.clone(),
+                });
+            }
+            return (allow.deny(403, "Forbidden", v.message), "policy");
+        }
+        let deadline = RESERVE_DEADLINE + Duration::from_millis(500);
+        match tokio::time::timeout(deadline, self.quota(request, pod, &namespace, dry_run)).await {
+            Ok(d) => d,
+            Err(_) => (
+                AdmissionResponse::allow(&request.uid).deny(
+                    503,
+                    "ServiceUnavailable",
+                    format!("vgpu quota cannot be checked in namespace {namespace}: the Kubernetes API did not answer within {deadline:?}; pods under a vGPU quota are refused until it does"),
+                ),
+                "unavailable",
+            ),
+        }
+    }
+
+    async fn quota(
+        &self,
+        request: &AdmissionRequest,
+        pod: &Value,
+        namespace: &str,
+        dry_run: bool,
+    ) -> Decision {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let Some(client) = &self.client else {
+            return (allow, "no-quota");
+        };
+        let quotas = match self.quotas(client, namespace).await {
+            Ok(q) => q,
+            Err(message) => {
+                return (
+                    allow.deny(503, "ServiceUnavailable", message),
+                    "unavailable",
+                )
+            }
+        };
+        let largest = self.cache.largest_card_mib().unwrap_or(0);
+        let usage = match usage::pod_usage(pod, &self.settings.policy, largest) {
+            Ok(u) => u,
+            Err(e) => return (allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid"),
+        };
+        let applies = quotas
+            .iter()
+            .any(|q| q.unsupported.is_none() && !q.limits.is_empty() && q.covers(&usage.facts));
+        if !applies {
+            return (allow, "no-quota");
+        }
+        let uid = pod
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&request.uid);
+        let incoming = ledger::reservation(
+            uid,
+            request.object_name(),
+            usage,
+            self.settings.reservation_ttl,
+        );
+
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(namespace.to_string()).or_default().clone()
+        };
+        let _serialised = lock.lock().await;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &self.settings.ledger_namespace,
+            &cache::api_resource("ConfigMap", "configmaps"),
+        );
+        let name = ledger::ledger_name(namespace);
+        let started = Instant::now();
+        let unavailable = |e: &dyn std::fmt::Display| {
+            (
+                allow.clone().deny(
+                    503,
+                    "ServiceUnavailable",
+                    format!("vgpu quota cannot be checked in namespace {namespace}: the Kubernetes API is unavailable ({e}); pods under a vGPU quota are refused until it is back"),
+                ),
+                "unavailable",
+            )
+        };
+        loop {
+            let current = match api.get_opt(&name).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.metrics.quota_reservation("error");
+                    return unavailable(&e);
+                }
+            };
+            let ledger = current
+                .as_ref()
+                .map(|c| Ledger::from_configmap(&cache::to_value(c)))
+                .unwrap_or_default();
+            let pods = match self.pods(client, namespace, largest).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.metrics.quota_reservation("error");
+                    return unavailable(&e);
+                }
+            };
+            match ledger::attempt(
+                namespace,
+                &ledger,
+                &pods,
+                &quotas,
+                &incoming,
+                ledger::now_ms(),
+            ) {
+                Attempt::AlreadyReserved => return (allow, "reserved"),
+                Attempt::Exceeded(e) => {
+                    if !dry_run {
+                        let fallback = ObjectRef {
+                            api_version: "v1".into(),
+                            kind: "ResourceQuota".into(),
+                            namespace: namespace.to_string(),
+                            name: e.quota.clone(),
+                            uid: String::new(),
+                        };
+                        self.events.record(Rejection {
+                            namespace: namespace.to_string(),
+                            regarding: events::regarding(pod, namespace, fallback),
+                            reason: REASON_QUOTA,
+                            note: e.message.clone(),
+                        });
+                    }
+                    return (allow.deny(403, "Forbidden", e.message), "quota");
+                }
+                // A dry run writes nothing: the answer is what a real request would get now.
+                Attempt::Write(_) if dry_run => return (allow, "reserved"),
+                Attempt::Write(next) => {
+                    let written = write_ledger(&api, &name, current, &next).await;
+                    match written {
+                        Ok(()) => {
+                            self.metrics.quota_reservation("ok");
+                            return (allow, "reserved");
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            self.metrics.quota_reservation("conflict");
+                            if started.elapsed() > RESERVE_DEADLINE {
+                                return unavailable(
+                                    &"too many concurrent admissions in this namespace",
+                                );
+                            }
+                        }
+                        Err(e) => {
+                            self.metrics.quota_reservation("error");
+                            return unavailable(&e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The namespace's quotas: from the cache when it is complete, else a fresh LIST. When the LIST
+    /// fails too, a namespace the stale cache knows quotas for fails closed, and one it knows none
+    /// for is admitted (a quota created during the outage is not seen: documented).
+    async fn quotas(&self, client: &kube::Client, namespace: &str) -> Result<Vec<Quota>, String> {
+        if self.cache.quotas_synced() {
+            return Ok(self.cache.quotas(namespace));
+        }
+        match cache::list_quotas(client, namespace, &self.settings.policy).await {
+            Ok(q) => Ok(q),
+            Err(e) => {
+                let stale = self.cache.quotas(namespace);
+                if stale.is_empty() {
+                    tracing::warn!(namespace, error = %e, "quota cache unsynced and LIST failed; namespace had no vGPU quota");
+                    Ok(stale)
+                } else {
+                    Err(format!("vgpu quota cannot be checked in namespace {namespace}: the Kubernetes API is unavailable ({e}); pods under a vGPU quota are refused until it is back"))
+                }
+            }
+        }
+    }
+
+    async fn pods(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        largest: u64,
+    ) -> Result<Vec<cache::CachedPod>, kube::Error> {
+        if self.cache.pods_synced() {
+            return Ok(self.cache.pods(namespace));
+        }
+        cache::list_pods(client, namespace, &self.settings.policy, largest).await
+    }
+}
+
+/// Writes the ledger: create when it did not exist, else replace with the resourceVersion read
+/// (the compare-and-swap).
+async fn write_ledger(
+    api: &Api<DynamicObject>,
+    name: &str,
+    current: Option<DynamicObject>,
+    next: &Ledger,
+) -> Result<(), kube::Error> {
+    let pp = PostParams::default();
+    match current {
+        None => {
+            let mut obj = DynamicObject::new(name, &configmap_resource());
+            obj.metadata = ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(
+                    [(
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "vgpu-webhook".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            };
+            obj.data = serde_json::json!({"data": next.to_data()});
+            api.create(&pp, &obj).await.map(|_| ())
+        }
+        Some(mut obj) => {
+            obj.data["data"] = next.to_data();
+            api.replace(name, &pp, &obj).await.map(|_| ())
+        }
+    }
+}
+
+fn configmap_resource() -> ApiResource {
+    cache::api_resource("ConfigMap", "configmaps")
+}

@@ -1,0 +1,328 @@
+//! Policy rules for vGPU pods: what a tenant may not do because it would let a container escape
+//! its slice or forge what other parts trust. Pure functions of the pod JSON; each rule can be
+//! switched off in the config file (`policy:`).
+
+use serde::Deserialize;
+use serde_json::Value;
+use vgpu_core::annotations::RESERVED_POD_ANNOTATIONS;
+use vgpu_core::env;
+use vgpu_core::request::{Memory, RequestPolicy, VgpuRequest};
+
+use crate::mutate::desired_env;
+use crate::pod::{self, PodContainer};
+
+/// Which rules run (all by default).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PolicyRules {
+    /// Privileged containers that request vGPU: they can open the device without the hook.
+    pub deny_privileged: bool,
+    /// User values of the runtime's reserved variables that differ from what the resources imply.
+    pub deny_reserved_env: bool,
+    /// The scheduler's assignment annotation set by the user at CREATE.
+    pub deny_reserved_annotations: bool,
+    /// `LD_PRELOAD` in a vGPU container, or a volume over `/etc/ld.so.preload` or the hook's directory.
+    pub deny_preload_override: bool,
+    /// gpumem larger than every card in the node inventory (never schedulable).
+    pub deny_oversized_gpumem: bool,
+    /// Paths a vGPU container may not mount over (nor any directory above or below them).
+    pub protected_paths: Vec<String>,
+}
+
+impl Default for PolicyRules {
+    fn default() -> Self {
+        Self {
+            deny_privileged: true,
+            deny_reserved_env: true,
+            deny_reserved_annotations: true,
+            deny_preload_override: true,
+            deny_oversized_gpumem: true,
+            protected_paths: vec!["/etc/ld.so.preload".into(), "/usr/local/vgpu".into()],
+        }
+    }
+}
+
+/// A rule the pod breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule, as named in the config file.
+    pub rule: &'static str,
+    /// The message for the user: names the container and the rule.
+    pub message: String,
+}
+
+/// Checks every enabled rule; the first violation wins. `largest_card_mib` is None when no node
+/// inventory is known (the size rule is then skipped).
+pub fn check(
+    pod: &Value,
+    operation_create: bool,
+    requests: &[(PodContainer<'_>, VgpuRequest)],
+    rules: &PolicyRules,
+    largest_card_mib: Option<u64>,
+) -> Result<(), Violation> {
+    if rules.deny_reserved_annotations && operation_create {
+        if let Some(anns) = pod
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+        {
+            if let Some(a) = RESERVED_POD_ANNOTATIONS
+                .iter()
+                .find(|a| anns.contains_key(**a))
+            {
+                return Err(Violation {
+                    rule: "denyReservedAnnotations",
+                    message: format!(
+                        "vgpu policy: annotation {a} is set by the vgpu scheduler and may not be set at pod creation (rule denyReservedAnnotations)"
+                    ),
+                });
+            }
+        }
+    }
+    for (c, req) in requests {
+        let name = &c.resources.name;
+        let deny = |rule: &'static str, what: String| Violation {
+            rule,
+            message: format!("vgpu policy: container {name:?}: {what} (rule {rule})"),
+        };
+        if rules.deny_privileged
+            && c.json
+                .pointer("/securityContext/privileged")
+                .and_then(Value::as_bool)
+                == Some(true)
+        {
+            return Err(deny(
+                "denyPrivileged",
+                "a privileged container may not request vGPU: it could reach the GPU without the vGPU limits".into(),
+            ));
+        }
+        let envs = c.json.get("env").and_then(Value::as_array);
+        if rules.deny_preload_override {
+            if let Some(e) = envs
+                .into_iter()
+                .flatten()
+                .find(|e| e.get("name").and_then(Value::as_str) == Some("LD_PRELOAD"))
+            {
+                let _ = e;
+                return Err(deny(
+                    "denyPreloadOverride",
+                    "LD_PRELOAD may not be set in a vGPU container".into(),
+                ));
+            }
+            for m in c
+                .json
+                .get("volumeMounts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let path = m
+                    .get("mountPath")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if let Some(p) = rules.protected_paths.iter().find(|p| overlaps(path, p)) {
+                    return Err(deny(
+                        "denyPreloadOverride",
+                        format!(
+                            "volume mount at {path} would cover {p}, which loads the vGPU limits"
+                        ),
+                    ));
+                }
+            }
+        }
+        if rules.deny_reserved_env {
+            let desired = desired_env(req);
+            let mut seen: Vec<&str> = Vec::new();
+            for e in envs.into_iter().flatten() {
+                let Some(var) = e.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                if !env::is_reserved(var) {
+                    continue;
+                }
+                let want = desired
+                    .iter()
+                    .find(|(n, _)| *n == var)
+                    .map(|(_, v)| v.as_str());
+                let value = e.get("value").and_then(Value::as_str);
+                let ok = !seen.contains(&var)
+                    && e.get("valueFrom").is_none()
+                    && want.is_some()
+                    && value == want;
+                if !ok {
+                    let shown = match (value, e.get("valueFrom")) {
+                        (_, Some(_)) => "a valueFrom reference".to_string(),
+                        (Some(v), None) => format!("{v:?}"),
+                        (None, None) => "an empty value".to_string(),
+                    };
+                    let implied = match want {
+                        Some(w) => format!("its resources imply {w:?}"),
+                        None => "only the vGPU runtime sets it".to_string(),
+                    };
+                    return Err(deny(
+                        "denyReservedEnv",
+                        format!("{var} is reserved for the vGPU runtime; the pod sets {shown}, {implied}"),
+                    ));
+                }
+                seen.push(var);
+            }
+        }
+        if rules.deny_oversized_gpumem {
+            if let (Memory::Mib(m), Some(largest)) = (req.memory, largest_card_mib) {
+                if m > largest {
+                    return Err(deny(
+                        "denyOversizedGpumem",
+                        format!("asks for {m} MiB per GPU, but the largest GPU in the cluster has {largest} MiB"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether mounting at `mount` covers `protected` or lies inside it.
+fn overlaps(mount: &str, protected: &str) -> bool {
+    let norm = |p: &str| p.trim_end_matches('/').to_string();
+    let (m, p) = (norm(mount), norm(protected));
+    m == p || p.starts_with(&format!("{m}/")) || m.starts_with(&format!("{p}/")) || m.is_empty()
+}
+
+/// The vGPU containers of a pod with their requests.
+pub fn vgpu_containers<'a>(
+    pod: &'a Value,
+    policy: &RequestPolicy,
+) -> Result<Vec<(PodContainer<'a>, VgpuRequest)>, String> {
+    let mut out = Vec::new();
+    for c in pod::containers(pod).map_err(|e| format!("object is not a valid Pod: {e}"))? {
+        if let Some(r) = policy
+            .parse_container(&c.resources)
+            .map_err(|e| e.to_string())?
+        {
+            out.push((c, r));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(pod: Value, rules: &PolicyRules) -> Result<(), Violation> {
+        let reqs = vgpu_containers(&pod, &RequestPolicy::default()).unwrap();
+        check(&pod, true, &reqs, rules, Some(81920))
+    }
+
+    fn gpu_pod(container: Value) -> Value {
+        let mut c = json!({"name": "train", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}},
+            "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
+        if let (Some(c), Some(extra)) = (c.as_object_mut(), container.as_object()) {
+            c.extend(extra.clone());
+        }
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [c]}})
+    }
+
+    fn rule_of(pod: Value) -> &'static str {
+        run(pod, &PolicyRules::default()).unwrap_err().rule
+    }
+
+    #[test]
+    fn a_mutated_pod_passes() {
+        assert_eq!(run(gpu_pod(json!({})), &PolicyRules::default()), Ok(()));
+        // Non-vGPU containers may do what they like.
+        let pod = json!({"spec": {"containers": [{"name": "x", "securityContext": {"privileged": true},
+            "env": [{"name": "LD_PRELOAD", "value": "a.so"}]}]}});
+        assert_eq!(run(pod, &PolicyRules::default()), Ok(()));
+    }
+
+    #[test]
+    fn every_rule_rejects_and_can_be_switched_off() {
+        let cases = [
+            (
+                gpu_pod(json!({"securityContext": {"privileged": true}})),
+                "denyPrivileged",
+            ),
+            (
+                gpu_pod(json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"}]})),
+                "denyReservedEnv",
+            ),
+            (
+                gpu_pod(json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1m"}]})),
+                "denyReservedEnv",
+            ),
+            (
+                gpu_pod(
+                    json!({"env": [{"name": "CUDA_DEVICE_SM_LIMIT", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}),
+                ),
+                "denyReservedEnv",
+            ),
+            (
+                gpu_pod(json!({"env": [{"name": "LD_PRELOAD", "value": "/x.so"}]})),
+                "denyPreloadOverride",
+            ),
+            (
+                gpu_pod(json!({"volumeMounts": [{"name": "v", "mountPath": "/etc"}]})),
+                "denyPreloadOverride",
+            ),
+            (
+                gpu_pod(
+                    json!({"volumeMounts": [{"name": "v", "mountPath": "/etc/ld.so.preload"}]}),
+                ),
+                "denyPreloadOverride",
+            ),
+            (
+                gpu_pod(
+                    json!({"volumeMounts": [{"name": "v", "mountPath": "/usr/local/vgpu/lib"}]}),
+                ),
+                "denyPreloadOverride",
+            ),
+            (
+                gpu_pod(
+                    json!({"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"}}, "env": []}),
+                ),
+                "denyOversizedGpumem",
+            ),
+        ];
+        for (pod, rule) in cases {
+            let v = run(pod.clone(), &PolicyRules::default()).unwrap_err();
+            assert_eq!(v.rule, rule);
+            assert!(
+                v.message.contains("container \"train\"") && v.message.contains(rule),
+                "{}",
+                v.message
+            );
+            let off = PolicyRules {
+                deny_privileged: rule != "denyPrivileged",
+                deny_reserved_env: rule != "denyReservedEnv",
+                deny_preload_override: rule != "denyPreloadOverride",
+                deny_oversized_gpumem: rule != "denyOversizedGpumem",
+                ..PolicyRules::default()
+            };
+            assert_eq!(run(pod, &off), Ok(()), "{rule} switched off");
+        }
+        let mut forged = gpu_pod(json!({}));
+        forged["metadata"]["annotations"] = json!({"vgpu.io/assignment": "{}"});
+        assert_eq!(rule_of(forged.clone()), "denyReservedAnnotations");
+        let reqs = vgpu_containers(&forged, &RequestPolicy::default()).unwrap();
+        assert_eq!(
+            check(&forged, false, &reqs, &PolicyRules::default(), None),
+            Ok(()),
+            "only at CREATE"
+        );
+        let v = run(
+            gpu_pod(json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"}]})),
+            &PolicyRules::default(),
+        )
+        .unwrap_err();
+        assert_eq!(v.message, "vgpu policy: container \"train\": CUDA_DEVICE_MEMORY_LIMIT is reserved for the vGPU runtime; the pod sets \"80g\", its resources imply \"4096m\" (rule denyReservedEnv)");
+    }
+
+    #[test]
+    fn mount_overlap() {
+        assert!(overlaps("/", "/etc/ld.so.preload"));
+        assert!(overlaps("/etc/", "/etc/ld.so.preload"));
+        assert!(!overlaps("/etc2", "/etc/ld.so.preload"));
+        assert!(!overlaps("/data", "/usr/local/vgpu"));
+    }
+}
