@@ -13,6 +13,10 @@
 //! | 2, 3, 4, 5 | header words, slot count, slot words, device count: a reader uses these, so fields appended later within version 1 do not break it |
 //! | 6 .. 6+[`MAX_DEVICES`] | memory limit per visible device in bytes, 0 = none |
 //! | 22 .. 22+[`MAX_DEVICES`] | SM limit per visible device in percent, 0 = none |
+//! | 38, 39, 40 | launches, refusals and throttled ns of processes whose slots were reclaimed (so the container's counters never go back when a process exits) |
+//! | 41 .. 41+[`MAX_DEVICES`] | peak bytes the whole container had allocated, per device |
+//! | 57 | slot high-water mark: no slot at or above this index has ever been owned (writers raise it before a new slot's first use, so the hooks sum only the slots below it; readers may ignore it) |
+//! | 58 .. 64 | reserved, 0 |
 //!
 //! | slot word | meaning |
 //! |---|---|
@@ -28,6 +32,9 @@
 //! it subtracts again and refuses. Every allocation that passes its check therefore saw every other
 //! allocation that passed before it, so the sum of live allocations never exceeds the limit; two racing
 //! processes near the limit may both refuse, never both succeed past it.
+//!
+//! Words 38..57 were reserved (zero) in the first version-1 files, so a file written before they
+//! were defined reads as "nothing retired, peak unknown (0)"; readers of that time ignore them.
 //!
 //! This module does no I/O: [`Snapshot::parse`] reads bytes someone read from the file.
 
@@ -68,6 +75,16 @@ pub mod header {
     pub const MEMORY_LIMIT: usize = 6;
     /// First SM-limit word.
     pub const SM_LIMIT: usize = 22;
+    /// Launches of reclaimed slots.
+    pub const RETIRED_LAUNCHES: usize = 38;
+    /// Refusals of reclaimed slots.
+    pub const RETIRED_OOM_REFUSALS: usize = 39;
+    /// Throttled ns of reclaimed slots.
+    pub const RETIRED_THROTTLED_NS: usize = 40;
+    /// First per-device container peak word.
+    pub const CONTAINER_PEAK: usize = 41;
+    /// Slot high-water mark.
+    pub const SLOTS_USED: usize = 57;
 }
 
 /// Slot word indexes (relative to the slot's first word).
@@ -148,6 +165,11 @@ pub struct Snapshot {
     pub sm_limit: [u64; MAX_DEVICES],
     /// Owned slots, in slot order.
     pub processes: Vec<ProcessUsage>,
+    /// Counters of processes whose slots were reclaimed (launches, refusals and throttled ns in
+    /// `launches`, `oom_refusals`, `throttled_ns`; `pid` 0, no bytes).
+    pub retired: ProcessUsage,
+    /// Peak bytes the whole container had allocated, per device.
+    pub container_peak: [u64; MAX_DEVICES],
 }
 
 fn word(bytes: &[u8], i: usize) -> u64 {
@@ -199,7 +221,11 @@ impl Snapshot {
         for d in 0..MAX_DEVICES {
             snap.memory_limit[d] = word(bytes, header::MEMORY_LIMIT + d);
             snap.sm_limit[d] = word(bytes, header::SM_LIMIT + d);
+            snap.container_peak[d] = word(bytes, header::CONTAINER_PEAK + d);
         }
+        snap.retired.launches = word(bytes, header::RETIRED_LAUNCHES);
+        snap.retired.oom_refusals = word(bytes, header::RETIRED_OOM_REFUSALS);
+        snap.retired.throttled_ns = word(bytes, header::RETIRED_THROTTLED_NS);
         for s in 0..slot_count {
             let base = header_words + s * slot_words;
             let owner = word(bytes, base + slot::OWNER);
@@ -234,6 +260,11 @@ impl Snapshot {
         w[header::MEMORY_LIMIT..header::MEMORY_LIMIT + MAX_DEVICES]
             .copy_from_slice(&self.memory_limit);
         w[header::SM_LIMIT..header::SM_LIMIT + MAX_DEVICES].copy_from_slice(&self.sm_limit);
+        w[header::CONTAINER_PEAK..header::CONTAINER_PEAK + MAX_DEVICES]
+            .copy_from_slice(&self.container_peak);
+        w[header::RETIRED_LAUNCHES] = self.retired.launches;
+        w[header::RETIRED_OOM_REFUSALS] = self.retired.oom_refusals;
+        w[header::RETIRED_THROTTLED_NS] = self.retired.throttled_ns;
         for (s, p) in self.processes.iter().take(SLOT_COUNT).enumerate() {
             w[slot_word(s, slot::OWNER)] = u64::from(p.pid);
             w[slot_word(s, slot::LAUNCHES)] = p.launches;
@@ -247,22 +278,36 @@ impl Snapshot {
         w.iter().flat_map(|x| x.to_ne_bytes()).collect()
     }
 
-    /// Bytes the container uses on `device` now (sum over its processes).
+    /// Bytes the container uses on `device` now (sum over its processes; saturating: the file is
+    /// written by the container and may hold anything).
     pub fn used(&self, device: usize) -> u64 {
         self.processes
             .iter()
             .map(|p| p.used.get(device).copied().unwrap_or(0))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
-    /// Kernel launches of the container.
+    /// Kernel launches of the container, exited processes included (monotonic).
     pub fn launches(&self) -> u64 {
-        self.processes.iter().map(|p| p.launches).sum()
+        self.total(|p| p.launches)
     }
 
-    /// Refused allocations of the container.
+    /// Refused allocations of the container, exited processes included (monotonic).
     pub fn oom_refusals(&self) -> u64 {
-        self.processes.iter().map(|p| p.oom_refusals).sum()
+        self.total(|p| p.oom_refusals)
+    }
+
+    /// Nanoseconds the container's launches waited for the core limit (monotonic).
+    pub fn throttled_ns(&self) -> u64 {
+        self.total(|p| p.throttled_ns)
+    }
+
+    fn total(&self, f: impl Fn(&ProcessUsage) -> u64) -> u64 {
+        self.processes
+            .iter()
+            .chain(std::iter::once(&self.retired))
+            .map(f)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -293,6 +338,9 @@ mod tests {
         b.used[0] = 1 << 20;
         b.used[1] = 3;
         s.processes = vec![a, b];
+        s.retired.launches = 1000;
+        s.retired.throttled_ns = 7;
+        s.container_peak[0] = 30 << 20;
         s
     }
 
@@ -306,8 +354,10 @@ mod tests {
         assert_eq!(back.used(0), 11 << 20);
         assert_eq!(back.used(1), 3);
         assert_eq!(back.used(99), 0);
-        assert_eq!(back.launches(), 101);
+        assert_eq!(back.launches(), 1101);
         assert_eq!(back.oom_refusals(), 2);
+        assert_eq!(back.throttled_ns(), 5_007);
+        assert_eq!(back.container_peak[0], 30 << 20);
     }
 
     #[test]
@@ -377,11 +427,40 @@ mod tests {
         ));
     }
 
+    /// The file is the container's to write: totals saturate instead of overflowing.
+    #[test]
+    fn totals_saturate() {
+        let mut s = sample();
+        s.processes[0].used[0] = u64::MAX;
+        s.processes[0].launches = u64::MAX;
+        let back = Snapshot::parse(&s.to_bytes()).unwrap();
+        assert_eq!(back.used(0), u64::MAX);
+        assert_eq!(back.launches(), u64::MAX);
+    }
+
     proptest::proptest! {
         /// Arbitrary bytes never panic the reader.
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
             let _ = Snapshot::parse(&bytes);
+        }
+
+        /// A valid file with corrupted words (header included) never panics the reader, and any
+        /// truncation is an error, not a short read.
+        #[test]
+        fn corrupted_or_truncated_files_are_errors_not_crashes(
+            edits in proptest::collection::vec((0..FILE_WORDS, proptest::num::u64::ANY), 0..16),
+            cut in 0..FILE_BYTES,
+        ) {
+            let mut b = sample().to_bytes();
+            for (i, v) in &edits {
+                b[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+            }
+            if let Ok(s) = Snapshot::parse(&b) {
+                let _ = (s.launches(), s.oom_refusals(), s.throttled_ns(), s.used(0));
+            }
+            let whole = sample().to_bytes();
+            proptest::prop_assert!(Snapshot::parse(&whole[..cut]).is_err());
         }
     }
 }

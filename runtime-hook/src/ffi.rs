@@ -9,11 +9,12 @@
 
 use crate::config::Config;
 use crate::ledger::Ledger;
+use crate::throttle::{self, Bucket, Controller};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use vgpu_core::accounting::{FILE_WORDS, MAX_DEVICES};
 
@@ -51,13 +52,13 @@ fn real_dlsym() -> Option<DlsymFn> {
 }
 
 macro_rules! real_table {
-    ($($name:ident : fn($($arg:ty),*);)*) => {
-        /// The real driver's entry points (absent ones are `None`).
+    ($(#[$m:meta])* struct $table:ident; $($name:ident : fn($($arg:ty),*);)*) => {
+        $(#[$m])*
         #[allow(non_snake_case)]
-        struct Real { $($name: Option<unsafe extern "C" fn($($arg),*) -> CUresult>,)* }
-        impl Real {
-            fn load(handle: *mut c_void, dlsym: DlsymFn) -> Real {
-                Real { $($name: {
+        struct $table { $($name: Option<unsafe extern "C" fn($($arg),*) -> CUresult>,)* }
+        impl $table {
+            fn load(handle: *mut c_void, dlsym: DlsymFn) -> $table {
+                $table { $($name: {
                     // SAFETY: looking up a constant name in the driver handle.
                     let p = unsafe { dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
                     // SAFETY: the driver's symbol of this name has this C signature (cuda.h).
@@ -69,20 +70,305 @@ macro_rules! real_table {
 }
 
 real_table! {
+    /// The real driver's entry points (absent ones are `None`).
+    struct Real;
     cuInit: fn(c_uint);
     cuCtxGetDevice: fn(*mut c_int);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
+    cuMemAlloc: fn(*mut u32, c_uint);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
+    cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint);
     cuMemAllocAsync: fn(*mut CUdeviceptr, usize, *mut c_void);
     cuMemAllocAsync_ptsz: fn(*mut CUdeviceptr, usize, *mut c_void);
+    cuMemAllocFromPoolAsync: fn(*mut CUdeviceptr, usize, *mut c_void, *mut c_void);
+    cuMemAllocFromPoolAsync_ptsz: fn(*mut CUdeviceptr, usize, *mut c_void, *mut c_void);
     cuMemFreeAsync: fn(CUdeviceptr, *mut c_void);
     cuMemFreeAsync_ptsz: fn(CUdeviceptr, *mut c_void);
     cuMemFree_v2: fn(CUdeviceptr);
+    cuMemFree: fn(u32);
+    cuMemCreate: fn(*mut u64, usize, *const c_void, u64);
+    cuMemRelease: fn(u64);
+    cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);
+    cuArray3DCreate_v2: fn(*mut *mut c_void, *const Array3dDescriptor);
+    cuArrayDestroy: fn(*mut c_void);
     cuMemGetInfo_v2: fn(*mut usize, *mut usize);
+    cuMemGetInfo: fn(*mut c_uint, *mut c_uint);
     cuDeviceTotalMem_v2: fn(*mut usize, c_int);
     cuLaunchKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchCooperativeKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void);
+    cuLaunchCooperativeKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void);
+    cuLaunchKernelEx: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuLaunchKernelEx_ptsz: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void);
+    cuGraphLaunch: fn(*mut c_void, *mut c_void);
+    cuGraphLaunch_ptsz: fn(*mut c_void, *mut c_void);
     cuGetProcAddress: fn(*const c_char, *mut *mut c_void, c_int, u64);
     cuGetProcAddress_v2: fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int);
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (cuda.h).
+#[repr(C)]
+pub struct ArrayDescriptor {
+    width: usize,
+    height: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (cuda.h).
+#[repr(C)]
+pub struct Array3dDescriptor {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+/// `CUlaunchConfig` (cuda.h, CUDA 12.0): grid and block dimensions first.
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: *mut c_void,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+
+/// `CUmemAllocationProp` prefix (cuda.h): type, requested handle types, location {type, id}.
+#[repr(C)]
+struct MemAllocationProp {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+}
+
+/// Bytes of one element channel of a `CUarray_format`: 8-, 16- and 32-bit integer formats, half and
+/// float (cuda.h `CU_AD_FORMAT_*`); formats added later (block-compressed, NV12, ...) are charged as
+/// 32-bit, the widest channel, so an array is never under-charged for them.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    }
+}
+
+fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
+    (w.max(1) as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(format_bytes(format))
+        .saturating_mul(u64::from(channels.max(1)))
+}
+
+/// Row pitch the hook reserves for before `cuMemAllocPitch` returns the real one: the width rounded
+/// up to 512 bytes, the largest texture pitch alignment of current GPUs. The reservation is
+/// corrected to the driver's pitch afterwards.
+const PITCH_ALIGN: usize = 512;
+
+/// What an allocation's key names: the driver's pointers, VMM handles and arrays are different
+/// namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Ptr,
+    Handle,
+    Array,
+}
+
+fn cu(r: CUresult) -> Result<(), CUresult> {
+    if r == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
+real_table! {
+    /// The real NVML's entry points the hook uses or intercepts (`nvmlReturn_t` is an int like
+    /// CUresult; 0 = NVML_SUCCESS).
+    struct NvmlReal;
+    nvmlInit_v2: fn();
+    nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void);
+    nvmlDeviceGetIndex: fn(*mut c_void, *mut c_uint);
+    nvmlDeviceGetUtilizationRates: fn(*mut c_void, *mut [c_uint; 2]);
+    nvmlDeviceGetProcessUtilization: fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64);
+    nvmlDeviceGetMemoryInfo: fn(*mut c_void, *mut NvmlMemory);
+    nvmlDeviceGetMemoryInfo_v2: fn(*mut c_void, *mut NvmlMemoryV2);
+}
+
+/// `nvmlProcessUtilizationSample_t` (nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// `nvmlMemory_t` (nvml.h).
+#[repr(C)]
+pub struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2_t` (nvml.h).
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+const NVML_ERROR_INSUFFICIENT_SIZE: CUresult = 7;
+const NVML_ERROR_UNINITIALIZED: CUresult = 1;
+const NVML_ERROR_FUNCTION_NOT_FOUND: CUresult = 13;
+
+/// The real NVML, loaded on first use (the watcher, or an intercepted NVML call); `None` when
+/// `libnvidia-ml.so.1` cannot be loaded.
+fn nvml() -> Option<&'static NvmlReal> {
+    static NVML: OnceLock<Option<NvmlReal>> = OnceLock::new();
+    NVML.get_or_init(|| {
+        let dlsym = real_dlsym()?;
+        // SAFETY: dlopen with a constant name.
+        let handle = unsafe {
+            libc::dlopen(
+                c"libnvidia-ml.so.1".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_GLOBAL,
+            )
+        };
+        (!handle.is_null()).then(|| NvmlReal::load(handle, dlsym))
+    })
+    .as_ref()
+}
+
+/// Core-limit state: one bucket per device, the limits, and whether this process's watcher runs.
+struct Throttle {
+    limits: [u32; MAX_DEVICES],
+    buckets: [Bucket; MAX_DEVICES],
+}
+
+impl Throttle {
+    /// `None` when no device has a limit below 100 % (the launch path then does nothing more).
+    fn new(sm_limit: &[u32; MAX_DEVICES]) -> Option<Throttle> {
+        let limits = sm_limit.map(|l| if l >= 100 { 0 } else { l });
+        limits.iter().any(|&l| l > 0).then(|| Throttle {
+            limits,
+            buckets: std::array::from_fn(|_| Bucket::default()),
+        })
+    }
+}
+
+/// Monotonic nanoseconds since the first call (vDSO clock read, no syscall).
+fn now_ns() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// How often the watcher reclaims the slots of dead processes (their memory returns to the
+/// container within this time, their counters move to the retired totals).
+const RECLAIM_EVERY: u32 = 10; // periods of 50 ms: 500 ms
+
+/// The watcher thread, one per process (started when the process claims its slot): every
+/// [`throttle::PERIOD`] it reads each limited device's utilization from NVML and steers its bucket
+/// (control law in [`crate::throttle`]); every [`RECLAIM_EVERY`] periods it reclaims dead slots.
+fn watch(h: &'static Hook) {
+    let mut devices = Vec::new();
+    if let Some(t) = &h.throttle {
+        match nvml() {
+            // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
+            Some(nv) if nv.nvmlInit_v2.is_some_and(|f| unsafe { f() } == CUDA_SUCCESS) => {
+                for d in (0..MAX_DEVICES).filter(|&d| t.limits[d] > 0) {
+                    let mut handle = std::ptr::null_mut();
+                    let Some(get) = nv.nvmlDeviceGetHandleByIndex_v2 else {
+                        break;
+                    };
+                    // SAFETY: valid out pointer; NVML numbers the container's devices as the
+                    // limits are numbered.
+                    if unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS {
+                        let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
+                        devices.push((nv, d, handle, c, 0u64));
+                    }
+                }
+            }
+            _ => eprintln!(
+                "vgpu: NVML (libnvidia-ml.so.1) is not available; CUDA_DEVICE_SM_LIMIT is not enforced"
+            ),
+        }
+    }
+    let me = std::process::id();
+    for tick in 1u32.. {
+        std::thread::sleep(throttle::PERIOD);
+        if let Some(t) = &h.throttle {
+            let pids = h.ledger.pids();
+            for (nv, d, handle, c, last_seen) in &mut devices {
+                let u = utilization(nv, *handle, &pids, last_seen);
+                c.step(&t.buckets[*d], now_ns(), u);
+            }
+        }
+        if tick % RECLAIM_EVERY == 0 {
+            h.ledger.reclaim_dead(me, &alive);
+        }
+    }
+}
+
+/// Utilization of the device for this container, percent: the sum of the container's processes'
+/// samples from nvmlDeviceGetProcessUtilization, or, where that is unsupported or names none of
+/// them (pids of another namespace), the device's utilization.
+fn utilization(
+    nv: &NvmlReal,
+    handle: *mut c_void,
+    pids: &[u32],
+    last_seen: &mut u64,
+) -> Option<f64> {
+    if let Some(pu) = nv.nvmlDeviceGetProcessUtilization {
+        let mut n: c_uint = 0;
+        // SAFETY: asking for the sample count with a null buffer, as NVML documents.
+        let r = unsafe { pu(handle, std::ptr::null_mut(), &mut n, *last_seen) };
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE || r == CUDA_SUCCESS) && n > 0 {
+            let mut buf = vec![ProcessSample::default(); n as usize];
+            // SAFETY: a buffer of `n` samples and its length.
+            if unsafe { pu(handle, buf.as_mut_ptr(), &mut n, *last_seen) } == CUDA_SUCCESS {
+                let mut sum = None;
+                for s in buf.iter().take(n as usize) {
+                    *last_seen = (*last_seen).max(s.time_stamp);
+                    if pids.contains(&s.pid) {
+                        *sum.get_or_insert(0u32) += s.sm_util;
+                    }
+                }
+                if let Some(sum) = sum {
+                    return Some(mid_percent(sum));
+                }
+            }
+        }
+    }
+    let f = nv.nvmlDeviceGetUtilizationRates?;
+    let mut u = [0 as c_uint; 2];
+    // SAFETY: valid out pointer to an nvmlUtilization_t {gpu, memory}.
+    (unsafe { f(handle, &mut u) } == CUDA_SUCCESS).then(|| mid_percent(u[0]))
+}
+
+/// NVML reports whole percents; reading `p` as the middle of `[p, p+1)` keeps the controller from
+/// settling anywhere in the 1 %-wide band above the limit.
+fn mid_percent(p: c_uint) -> f64 {
+    if p >= 100 {
+        100.0
+    } else {
+        f64::from(p) + 0.5
+    }
 }
 
 /// Everything the hook holds for this process.
@@ -90,10 +376,16 @@ struct Hook {
     config: Config,
     real: Real,
     ledger: Ledger<'static>,
+    /// Core limit; `None` when no device is limited.
+    throttle: Option<Throttle>,
+    /// Whether this process's watcher thread runs.
+    watcher: AtomicBool,
+    /// When a refused allocation last reclaimed dead slots (`now_ns`, 0 = never).
+    last_reclaim: AtomicU64,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
-    /// Live allocations: pointer -> (limit index, bytes).
-    allocations: Mutex<HashMap<u64, (usize, u64)>>,
+    /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
+    allocations: Mutex<HashMap<(Kind, u64), (usize, u64)>>,
 }
 
 static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
@@ -146,6 +438,9 @@ fn init() -> Result<Hook, CUresult> {
     // SAFETY: registering a plain function pointer that only stores to atomics.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     Ok(Hook {
+        throttle: Throttle::new(&config.sm_limit),
+        watcher: AtomicBool::new(false),
+        last_reclaim: AtomicU64::new(0),
         config,
         real,
         ledger,
@@ -159,6 +454,8 @@ fn init() -> Result<Hook, CUresult> {
 extern "C" fn after_fork_child() {
     if let Some(Ok(h)) = HOOK.get() {
         h.slot.store(usize::MAX, Ordering::SeqCst);
+        // The watcher thread does not exist in the child; claiming the slot starts one.
+        h.watcher.store(false, Ordering::SeqCst);
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -214,8 +511,26 @@ fn alive(pid: u32) -> bool {
         })
 }
 
+macro_rules! real_or {
+    ($h:expr, $name:ident) => {
+        match $h.real.$name {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
+macro_rules! try_cu {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(code) => return code,
+        }
+    };
+}
+
 impl Hook {
-    fn slot(&self) -> Result<usize, CUresult> {
+    fn slot(&'static self) -> Result<usize, CUresult> {
         let s = self.slot.load(Ordering::SeqCst);
         if s != usize::MAX {
             return Ok(s);
@@ -223,6 +538,14 @@ impl Hook {
         match self.ledger.claim(std::process::id(), &alive) {
             Some(s) => {
                 self.slot.store(s, Ordering::SeqCst);
+                if !self.watcher.swap(true, Ordering::SeqCst) {
+                    let spawned = std::thread::Builder::new()
+                        .name("vgpu-watcher".into())
+                        .spawn(move || watch(self));
+                    if spawned.is_err() {
+                        eprintln!("vgpu: cannot start the watcher thread; CUDA_DEVICE_SM_LIMIT is not enforced and dead processes are reclaimed only when memory runs out");
+                    }
+                }
                 Ok(s)
             }
             None => {
@@ -244,75 +567,132 @@ impl Hook {
         Ok(self.config.limit_index(d.max(0) as usize))
     }
 
-    /// Reserves, calls the driver allocation `call`, and commits or rolls back.
-    fn allocate(
-        &self,
-        dptr: *mut CUdeviceptr,
-        bytes: u64,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        if dptr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let (dev, slot) = match (self.device(), self.slot()) {
-            (Ok(d), Ok(s)) => (d, s),
-            (Err(e), _) | (_, Err(e)) => return e,
-        };
+    /// Reserves `bytes` on `dev`, refusing over the limit; dead processes' memory is reclaimed once
+    /// before a refusal.
+    fn reserve(&'static self, dev: usize, bytes: u64) -> Result<usize, CUresult> {
+        let slot = self.slot()?;
         let limit = self.config.memory_limit.get(dev).copied().flatten();
-        if !self.ledger.reserve(slot, dev, bytes, limit) {
-            // Dead processes may hold the rest: reclaim and try once more.
-            if self.ledger.reclaim_dead(std::process::id(), &alive) == 0
-                || !self.ledger.reserve(slot, dev, bytes, limit)
-            {
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
+        if !self.ledger.reserve(slot, dev, bytes, limit)
+            && (!self.reclaim_now() || !self.ledger.reserve(slot, dev, bytes, limit))
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let r = call();
-        if r == CUDA_SUCCESS {
-            // SAFETY: checked non-null; the driver wrote the pointer.
-            let p = unsafe { *dptr };
-            self.allocations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(p, (dev, bytes));
-        } else {
-            self.ledger.release(slot, dev, bytes);
-        }
-        r
+        Ok(slot)
     }
 
-    fn free(&self, p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    /// On a refusal: reclaims dead processes' slots, at most once per 10 ms per process (a program
+    /// probing the limit in a loop would otherwise check every slot owner's liveness per refusal;
+    /// the watcher reclaims every 500 ms anyway). Whether something was reclaimed.
+    fn reclaim_now(&self) -> bool {
+        const EVERY_NS: u64 = 10_000_000;
+        let now = now_ns().max(1);
+        let last = self.last_reclaim.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < EVERY_NS {
+            return false;
+        }
+        self.last_reclaim
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && self.ledger.reclaim_dead(std::process::id(), &alive) > 0
+    }
+
+    fn remember(&self, kind: Kind, key: u64, dev: usize, bytes: u64) {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((kind, key), (dev, bytes));
+    }
+
+    /// Reserves `bytes` on `dev`, runs the driver allocation `call` (which returns the new pointer or
+    /// handle), and commits or rolls back.
+    fn allocate(
+        &'static self,
+        dev: Result<usize, CUresult>,
+        bytes: u64,
+        kind: Kind,
+        call: impl FnOnce() -> Result<u64, CUresult>,
+    ) -> CUresult {
+        let dev = try_cu!(dev);
+        let slot = try_cu!(self.reserve(dev, bytes));
+        match call() {
+            Ok(key) => {
+                self.remember(kind, key, dev, bytes);
+                CUDA_SUCCESS
+            }
+            Err(r) => {
+                self.ledger.release(slot, dev, bytes);
+                r
+            }
+        }
+    }
+
+    fn free(&'static self, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = call();
         if r == CUDA_SUCCESS {
             let entry = self
                 .allocations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&p);
+                .remove(&(kind, key));
             if let (Some((dev, bytes)), Ok(slot)) = (entry, self.slot()) {
                 self.ledger.release(slot, dev, bytes);
             }
         }
         r
     }
-}
 
-macro_rules! real_or {
-    ($h:expr, $name:ident) => {
-        match $h.real.$name {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_FOUND,
+    /// Limit index of CUDA device ordinal `ordinal`.
+    fn device_of(&self, ordinal: c_int) -> Result<usize, CUresult> {
+        if ordinal < 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
         }
-    };
-}
+        Ok(self.config.limit_index(ordinal as usize))
+    }
 
-macro_rules! try_cu {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(code) => return code,
+    /// Meters a kernel launch of `blocks` thread blocks, first waiting for the core limit's tokens.
+    fn launch(&'static self, blocks: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        if let Some(t) = &self.throttle {
+            self.throttle_launch(t, blocks);
         }
-    };
+        let r = call();
+        if r == CUDA_SUCCESS {
+            if let Ok(s) = self.slot() {
+                self.ledger.launched(s);
+            }
+        }
+        r
+    }
+
+    /// Takes the launch's tokens from its device's bucket, sleeping (bounded) when there are none.
+    fn throttle_launch(&'static self, t: &'static Throttle, blocks: u64) {
+        let Ok(d) = self.device() else { return };
+        if d >= MAX_DEVICES || t.limits[d] == 0 {
+            return;
+        }
+        let wait = t.buckets[d].take(now_ns(), blocks);
+        if wait > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(wait));
+            if let Ok(s) = self.slot() {
+                self.ledger.throttled(s, wait);
+            }
+        }
+    }
+
+    /// `free`/`total` as the container sees them on limit index `dev`: total = limit,
+    /// free = limit - container usage, never above the driver's free.
+    fn clamp_info(&self, dev: usize, free: u64, total: u64) -> (u64, u64) {
+        match self.config.memory_limit.get(dev).copied().flatten() {
+            Some(limit) => {
+                let used = if dev < MAX_DEVICES {
+                    self.ledger.container_used(dev)
+                } else {
+                    0
+                };
+                (free.min(limit.saturating_sub(used)), total.min(limit))
+            }
+            None => (free, total),
+        }
+    }
 }
 
 /// `cuInit`: fails closed (CUDA_ERROR_INVALID_VALUE) when a limit cannot be read.
@@ -326,93 +706,191 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
-/// `cuMemAlloc_v2`, capped.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAlloc_v2);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes) })
-    })
+/// An allocator that writes its result through its first argument: capped against the device `dev`
+/// (an expression over the arguments, evaluated inside the hook), charging `bytes`.
+macro_rules! alloc_export {
+    ($(#[$m:meta])* fn $name:ident($out:ident: *mut $ot:ty $(, $a:ident: $t:ty)*) -> kind $kind:ident, device $dev:expr, bytes $bytes:expr;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($out: *mut $ot $(, $a: $t)*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                if $out.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                let bytes: u64 = $bytes;
+                #[allow(clippy::redundant_closure_call)]
+                let dev = ($dev)(h);
+                // SAFETY: forwarding the caller's arguments; `out` is non-null and the driver wrote
+                // it when it returned success.
+                h.allocate(dev, bytes, Kind::$kind, || unsafe {
+                    cu(f($out $(, $a)*)).map(|()| *$out as u64)
+                })
+            })
+        }
+    };
 }
 
-/// `cuMemAllocManaged`, capped against the current device.
+/// A free of the allocation named by its first argument.
+macro_rules! free_export {
+    ($(#[$m:meta])* fn $name:ident($key:ident: $kt:ty $(, $a:ident: $t:ty)*) -> kind $kind:ident;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        pub extern "C" fn $name($key: $kt $(, $a: $t)*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                // SAFETY: forwarding the caller's arguments.
+                h.free(Kind::$kind, $key as u64, || unsafe { f($key $(, $a)*) })
+            })
+        }
+    };
+}
+
+/// A kernel launch: metered, and throttled by the core limit by `blocks` (an expression over the
+/// arguments).
+macro_rules! launch_export {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) -> blocks $blocks:expr;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                let blocks: u64 = $blocks;
+                // SAFETY: forwarding the caller's arguments.
+                h.launch(blocks, || unsafe { f($($a),*) })
+            })
+        }
+    };
+}
+
+fn current(h: &Hook) -> Result<usize, CUresult> {
+    h.device()
+}
+
+alloc_export! {
+    /// `cuMemAlloc_v2`, capped.
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAlloc` (the CUDA 3.1 ABI: 32-bit pointer and size), capped.
+    fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> kind Ptr, device current, bytes u64::from(bytes);
+}
+alloc_export! {
+    /// `cuMemAllocManaged`, capped against the current device.
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocAsync_ptsz` (per-thread default stream).
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocFromPoolAsync`, capped against the current device.
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemAllocFromPoolAsync_ptsz`.
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+}
+alloc_export! {
+    /// `cuMemCreate` (virtual memory management): physical memory on `prop->location.id`, charged by
+    /// the handle's size; mappings of it (cuMemMap) cost nothing more.
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> kind Handle,
+        device |h: &Hook| if prop.is_null() {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            // SAFETY: checked non-null; a CUmemAllocationProp starts with these fields.
+            h.device_of(unsafe { (*prop.cast::<MemAllocationProp>()).location_id })
+        },
+        bytes size as u64;
+}
+alloc_export! {
+    /// `cuArrayCreate_v2`: charged width x height x channels x element size from the descriptor.
+    fn cuArrayCreate_v2(array: *mut *mut c_void, desc: *const ArrayDescriptor) -> kind Array, device current,
+        // SAFETY: a null descriptor is charged nothing here and refused by the driver.
+        bytes unsafe { desc.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, 1, d.format, d.channels));
+}
+alloc_export! {
+    /// `cuArray3DCreate_v2`: charged width x height x depth x channels x element size.
+    fn cuArray3DCreate_v2(array: *mut *mut c_void, desc: *const Array3dDescriptor) -> kind Array, device current,
+        // SAFETY: as cuArrayCreate_v2.
+        bytes unsafe { desc.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, d.depth, d.format, d.channels));
+}
+
+/// `cuMemAllocPitch_v2`: reserves for the width rounded up to [`PITCH_ALIGN`], then corrects the
+/// reservation to the pitch the driver chose (freeing the allocation if a larger pitch no longer fits).
 #[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CUdeviceptr,
-    bytes: usize,
-    flags: c_uint,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: c_uint,
 ) -> CUresult {
     boundary(|| {
         let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocManaged);
+        let f = real_or!(h, cuMemAllocPitch_v2);
+        if dptr.is_null() || pitch.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let dev = try_cu!(h.device());
+        let guess = (width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN) as u64;
+        let reserved = guess.saturating_mul(height as u64);
+        let slot = try_cu!(h.reserve(dev, reserved));
         // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, flags) })
+        let r = unsafe { f(dptr, pitch, width, height, element) };
+        if r != CUDA_SUCCESS {
+            h.ledger.release(slot, dev, reserved);
+            return r;
+        }
+        // SAFETY: checked non-null; the driver wrote both on success.
+        let (p, real) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+        if real < reserved {
+            h.ledger.release(slot, dev, reserved - real);
+        } else if real > reserved && h.reserve(dev, real - reserved).is_err() {
+            h.ledger.release(slot, dev, reserved);
+            if let Some(free) = h.real.cuMemFree_v2 {
+                // SAFETY: freeing the allocation the driver just made.
+                unsafe { free(p) };
+            }
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        h.remember(Kind::Ptr, p, dev, real);
+        CUDA_SUCCESS
     })
 }
 
-/// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocAsync);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
-    })
+free_export! {
+    /// `cuMemFree_v2`.
+    fn cuMemFree_v2(p: CUdeviceptr) -> kind Ptr;
 }
-
-/// `cuMemAllocAsync_ptsz` (per-thread default stream).
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemAllocAsync_ptsz);
-        // SAFETY: forwarding the caller's arguments.
-        h.allocate(dptr, bytes as u64, || unsafe { f(dptr, bytes, stream) })
-    })
+free_export! {
+    /// `cuMemFree` (CUDA 3.1 ABI).
+    fn cuMemFree(p: u32) -> kind Ptr;
 }
-
-/// `cuMemFreeAsync`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFreeAsync);
-        // SAFETY: forwarding the caller's arguments.
-        h.free(p, || unsafe { f(p, stream) })
-    })
+free_export! {
+    /// `cuMemFreeAsync`.
+    fn cuMemFreeAsync(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-
-/// `cuMemFreeAsync_ptsz`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFreeAsync_ptsz);
-        // SAFETY: forwarding the caller's arguments.
-        h.free(p, || unsafe { f(p, stream) })
-    })
+free_export! {
+    /// `cuMemFreeAsync_ptsz`.
+    fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-
-/// `cuMemFree_v2`.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
-    boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuMemFree_v2);
-        // SAFETY: forwarding the caller's argument.
-        h.free(p, || unsafe { f(p) })
-    })
+free_export! {
+    /// `cuMemRelease`: the handle's memory is returned once the handle is released (the driver keeps
+    /// it while mapped; the hook charges until the release, which is never later than the driver).
+    fn cuMemRelease(handle: u64) -> kind Handle;
+}
+free_export! {
+    /// `cuArrayDestroy`.
+    fn cuArrayDestroy(array: *mut c_void) -> kind Array;
 }
 
 /// `cuMemGetInfo_v2`: total = limit, free = limit - container usage, never above the real free.
@@ -427,17 +905,31 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return r;
         }
         let dev = try_cu!(h.device());
-        if let Some(limit) = h.config.memory_limit.get(dev).copied().flatten() {
-            let used = if dev < MAX_DEVICES {
-                h.ledger.container_used(dev)
-            } else {
-                0
-            };
-            // SAFETY: checked non-null; the driver just wrote both.
-            unsafe {
-                *free = (*free).min(limit.saturating_sub(used) as usize);
-                *total = (*total).min(limit as usize);
-            }
+        // SAFETY: checked non-null; the driver just wrote both.
+        unsafe {
+            let (fr, t) = h.clamp_info(dev, *free as u64, *total as u64);
+            (*free, *total) = (fr as usize, t as usize);
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// `cuMemGetInfo` (CUDA 3.1 ABI, 32-bit sizes), as cuMemGetInfo_v2.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemGetInfo);
+        // SAFETY: forwarding the caller's pointers.
+        let r = unsafe { f(free, total) };
+        if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
+            return r;
+        }
+        let dev = try_cu!(h.device());
+        // SAFETY: checked non-null; the driver just wrote both.
+        unsafe {
+            let (fr, t) = h.clamp_info(dev, u64::from(*free), u64::from(*total));
+            (*free, *total) = (fr as c_uint, t as c_uint);
         }
         CUDA_SUCCESS
     })
@@ -452,7 +944,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(bytes, dev) };
         if r == CUDA_SUCCESS && !bytes.is_null() {
-            let idx = h.config.limit_index(dev.max(0) as usize);
+            let idx = try_cu!(h.device_of(dev));
             if let Some(limit) = h.config.memory_limit.get(idx).copied().flatten() {
                 // SAFETY: checked non-null; the driver just wrote it.
                 unsafe { *bytes = (*bytes).min(limit as usize) };
@@ -462,66 +954,205 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
     })
 }
 
-/// `cuLaunchKernel`: metered.
+fn grid(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    u64::from(x) * u64::from(y) * u64::from(z)
+}
+
+launch_export! {
+    /// `cuLaunchKernel`: metered and throttled.
+    fn cuLaunchKernel(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchKernel_ptsz`.
+    fn cuLaunchKernel_ptsz(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchCooperativeKernel`.
+    fn cuLaunchCooperativeKernel(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchCooperativeKernel_ptsz`.
+    fn cuLaunchCooperativeKernel_ptsz(func: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: *mut c_void, params: *mut *mut c_void) -> blocks grid(gx, gy, gz);
+}
+launch_export! {
+    /// `cuLaunchKernelEx` (CUDA 12.0): the grid comes from the launch configuration.
+    fn cuLaunchKernelEx(config: *const LaunchConfig, func: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void)
+        // SAFETY: a null configuration is charged one block here and refused by the driver.
+        -> blocks unsafe { config.as_ref() }.map_or(1, |c| grid(c.grid[0], c.grid[1], c.grid[2]));
+}
+launch_export! {
+    /// `cuLaunchKernelEx_ptsz`.
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, func: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void)
+        // SAFETY: as cuLaunchKernelEx.
+        -> blocks unsafe { config.as_ref() }.map_or(1, |c| grid(c.grid[0], c.grid[1], c.grid[2]));
+}
+launch_export! {
+    /// `cuGraphLaunch`: one metered launch; its kernels' grids are not visible here, so it is charged
+    /// [`GRAPH_BLOCKS`] for the core limit.
+    fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> blocks GRAPH_BLOCKS;
+}
+launch_export! {
+    /// `cuGraphLaunch_ptsz`.
+    fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> blocks GRAPH_BLOCKS;
+}
+
+/// Blocks a graph launch is charged: the graph's kernels are not enumerated (that would cost a walk
+/// of the graph per launch), so it counts as one small grid.
+const GRAPH_BLOCKS: u64 = 1;
+
+/// The container's view of NVML device `device`: (limit, bytes the container uses), or `None` when
+/// it has no memory limit (or the hook is not configured). NVML numbers the container's devices in
+/// `NVIDIA_VISIBLE_DEVICES` order, as the limits are numbered, and ignores `CUDA_VISIBLE_DEVICES`.
+fn nvml_view(nv: &NvmlReal, device: *mut c_void) -> Option<(u64, u64)> {
+    let h = hook().ok()?;
+    let get_index = nv.nvmlDeviceGetIndex?;
+    let mut idx: c_uint = 0;
+    // SAFETY: the caller's device handle and a valid out pointer.
+    if unsafe { get_index(device, &mut idx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let idx = idx as usize;
+    let limit = h.config.memory_limit.get(idx).copied().flatten()?;
+    let used = if idx < MAX_DEVICES {
+        h.ledger.container_used(idx)
+    } else {
+        0
+    };
+    Some((limit, used))
+}
+
+/// `nvmlDeviceGetMemoryInfo`: with a memory limit, total = limit, used = the container's usage,
+/// free = limit - usage (never above the real free), so nvidia-smi in the pod shows the slice.
 #[cfg_attr(not(test), no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    func: *mut c_void,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: *mut c_void,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> c_int {
     boundary(|| {
-        let h = try_cu!(hook());
-        let f = real_or!(h, cuLaunchKernel);
+        let Some(nv) = nvml() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        let Some(f) = nv.nvmlDeviceGetMemoryInfo else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
         // SAFETY: forwarding the caller's arguments.
-        let r = unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        if r == CUDA_SUCCESS {
-            if let Ok(s) = h.slot() {
-                h.ledger.launched(s);
-            }
+        let r = unsafe { f(device, mem) };
+        if r != CUDA_SUCCESS || mem.is_null() {
+            return r;
+        }
+        if let Some((limit, used)) = nvml_view(nv, device) {
+            // SAFETY: checked non-null; NVML just filled it.
+            let m = unsafe { &mut *mem };
+            m.total = m.total.min(limit);
+            m.free = m.free.min(limit.saturating_sub(used));
+            m.used = used;
         }
         r
     })
 }
 
-/// Our interposer for a driver symbol name, if we have one.
-fn wrapper(name: &[u8]) -> Option<*mut c_void> {
-    Some(match name {
-        b"cuInit" => cuInit as *mut c_void,
-        b"cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
-        b"cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
-        b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
-        b"cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
-        b"cuMemAllocAsync_ptsz" => cuMemAllocAsync_ptsz as *mut c_void,
-        b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
-        b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
-        b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
-        b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
-        b"cuLaunchKernel" => cuLaunchKernel as *mut c_void,
-        b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,
-        b"cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
-        _ => return None,
+/// `nvmlDeviceGetMemoryInfo_v2`, as [`nvmlDeviceGetMemoryInfo`] (reserved memory passes through).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> c_int {
+    boundary(|| {
+        let Some(nv) = nvml() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        let Some(f) = nv.nvmlDeviceGetMemoryInfo_v2 else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(device, mem) };
+        if r != CUDA_SUCCESS || mem.is_null() {
+            return r;
+        }
+        if let Some((limit, used)) = nvml_view(nv, device) {
+            // SAFETY: checked non-null; NVML just filled it.
+            let m = unsafe { &mut *mem };
+            m.total = m.total.min(limit);
+            m.free = m.free.min(limit.saturating_sub(used));
+            m.used = used;
+        }
+        r
     })
 }
 
-/// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory calls
-/// since CUDA 3.2, `cuGetProcAddress_v2` since 12.0.
+macro_rules! wrappers {
+    ($($name:ident),* $(,)?) => {
+        /// Our interposer for a driver symbol name, if we have one.
+        fn wrapper(name: &[u8]) -> Option<*mut c_void> {
+            Some(match name {
+                $(n if n == stringify!($name).as_bytes() => $name as *mut c_void,)*
+                _ => return None,
+            })
+        }
+    };
+}
+
+wrappers![
+    cuInit,
+    cuMemAlloc_v2,
+    cuMemAlloc,
+    cuMemAllocManaged,
+    cuMemAllocPitch_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFree_v2,
+    cuMemFree,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemCreate,
+    cuMemRelease,
+    cuArrayCreate_v2,
+    cuArray3DCreate_v2,
+    cuArrayDestroy,
+    cuMemGetInfo_v2,
+    cuMemGetInfo,
+    cuDeviceTotalMem_v2,
+    cuLaunchKernel,
+    cuLaunchKernel_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
+    nvmlDeviceGetMemoryInfo,
+    nvmlDeviceGetMemoryInfo_v2,
+];
+
+/// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory and
+/// array calls since CUDA 3.2 (the 3.1 ABI below), `cuGetProcAddress_v2` since 12.0, and the
+/// `_ptsz` entry of stream calls for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (flag 2).
 fn versioned(base: &[u8], version: c_int, flags: u64) -> Vec<u8> {
-    // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2 selects the `_ptsz` entry of stream calls.
-    const PTSZ: &[&[u8]] = &[b"cuMemAllocAsync", b"cuMemFreeAsync"];
+    const PTSZ: &[&[u8]] = &[
+        b"cuMemAllocAsync",
+        b"cuMemFreeAsync",
+        b"cuMemAllocFromPoolAsync",
+        b"cuLaunchKernel",
+        b"cuLaunchKernelEx",
+        b"cuLaunchCooperativeKernel",
+        b"cuGraphLaunch",
+    ];
     const V2: &[&[u8]] = &[
         b"cuMemAlloc",
+        b"cuMemAllocPitch",
         b"cuMemFree",
         b"cuMemGetInfo",
         b"cuDeviceTotalMem",
+        b"cuArrayCreate",
+        b"cuArray3DCreate",
     ];
     let mut n = base.to_vec();
     if (V2.contains(&base) && version >= 3020) || (base == b"cuGetProcAddress" && version >= 12000)
@@ -602,7 +1233,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     }
     // SAFETY: checked non-null; dlsym names are NUL-terminated.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if name.starts_with(b"cu") {
+    if name.starts_with(b"cu") || name.starts_with(b"nvml") {
         catch_unwind(|| wrapper(name)).ok().flatten().unwrap_or(p)
     } else {
         p
@@ -637,7 +1268,37 @@ mod tests {
             b"cuMemAllocAsync_ptsz"
         );
         assert_eq!(versioned(b"cuMemAllocAsync", 12040, 1), b"cuMemAllocAsync");
-        assert!(wrapper(b"cuMemAlloc_v2").is_some());
+        assert_eq!(
+            versioned(b"cuLaunchKernel", 12040, 2),
+            b"cuLaunchKernel_ptsz"
+        );
+        assert_eq!(versioned(b"cuGraphLaunch", 12040, 2), b"cuGraphLaunch_ptsz");
+        assert_eq!(
+            versioned(b"cuMemAllocPitch", 12040, 2),
+            b"cuMemAllocPitch_v2"
+        );
+        assert_eq!(versioned(b"cuMemGetInfo", 3010, 0), b"cuMemGetInfo");
+        for name in [
+            "cuMemAlloc_v2",
+            "cuMemAlloc",
+            "cuMemCreate",
+            "cuArray3DCreate_v2",
+            "cuLaunchKernelEx_ptsz",
+            "cuGraphLaunch",
+        ] {
+            assert!(wrapper(name.as_bytes()).is_some(), "{name}");
+        }
         assert!(wrapper(b"cuMemcpy").is_none());
+    }
+
+    #[test]
+    fn array_sizes_follow_the_descriptor() {
+        // CU_AD_FORMAT_FLOAT x 4 channels = 16 bytes per element; height/depth 0 means 1.
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
+        assert_eq!(array_bytes(10, 0, 0, 0x01, 1), 10);
+        assert_eq!(array_bytes(10, 2, 3, 0x10, 2), 240);
+        // Unknown formats are charged as 32-bit channels.
+        assert_eq!(array_bytes(1, 1, 1, 0xb0, 1), 4);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 1, 0x20, 4), u64::MAX);
     }
 }

@@ -65,6 +65,13 @@ impl<'a> Ledger<'a> {
         &self.words[slot_word(s, field)]
     }
 
+    /// Slots that may be owned: those below the high-water mark. Reserve-then-check stays exact:
+    /// a claimer raises the mark before its first reservation, so a sum that comes after that
+    /// reservation in the SeqCst order also reads a mark covering the slot.
+    fn used_slots(&self) -> std::ops::Range<usize> {
+        0..(self.words[header::SLOTS_USED].load(SeqCst) as usize).min(SLOT_COUNT)
+    }
+
     /// Takes a slot for `pid`: one it already owns (its pid was reused: the old owner is dead) is
     /// cleared and kept, else a free one; when none is free, dead owners' slots are reclaimed first.
     pub fn claim(&self, pid: u32, alive: &dyn Fn(u32) -> bool) -> Option<usize> {
@@ -72,7 +79,7 @@ impl<'a> Ledger<'a> {
             for s in 0..SLOT_COUNT {
                 let owner = self.w(s, slot::OWNER);
                 if owner.load(SeqCst) == u64::from(pid) {
-                    self.clear(s);
+                    self.retire(s);
                     return Some(s);
                 }
             }
@@ -82,6 +89,8 @@ impl<'a> Ledger<'a> {
                     .compare_exchange(0, u64::from(pid), SeqCst, SeqCst)
                     .is_ok()
                 {
+                    // Before the slot's first reservation: every later sum then covers it.
+                    self.words[header::SLOTS_USED].fetch_max(s as u64 + 1, SeqCst);
                     return Some(s);
                 }
             }
@@ -90,6 +99,20 @@ impl<'a> Ledger<'a> {
             }
         }
         None
+    }
+
+    /// Folds a slot's counters into the header's retired counters (so the container's counters stay
+    /// monotonic) and clears it.
+    fn retire(&self, s: usize) {
+        for (field, total) in [
+            (slot::LAUNCHES, header::RETIRED_LAUNCHES),
+            (slot::OOM_REFUSALS, header::RETIRED_OOM_REFUSALS),
+            (slot::THROTTLED_NS, header::RETIRED_THROTTLED_NS),
+        ] {
+            let v = self.w(s, field).swap(0, SeqCst);
+            self.words[total].fetch_add(v, SeqCst);
+        }
+        self.clear(s);
     }
 
     fn clear(&self, s: usize) {
@@ -101,7 +124,7 @@ impl<'a> Ledger<'a> {
     /// Frees the slots whose owner (or reclaimer) is dead. Returns how many.
     pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
-        for s in 0..SLOT_COUNT {
+        for s in self.used_slots() {
             let owner = self.w(s, slot::OWNER);
             let cur = owner.load(SeqCst);
             let pid = (cur & 0xffff_ffff) as u32;
@@ -113,7 +136,7 @@ impl<'a> Ledger<'a> {
                 .compare_exchange(cur, OWNER_RECLAIMING | u64::from(me), SeqCst, SeqCst)
                 .is_ok()
             {
-                self.clear(s);
+                self.retire(s);
                 owner.store(0, SeqCst);
                 n += 1;
             }
@@ -121,9 +144,18 @@ impl<'a> Ledger<'a> {
         n
     }
 
+    /// Pids owning a slot (the container's CUDA processes).
+    pub fn pids(&self) -> Vec<u32> {
+        self.used_slots()
+            .map(|s| self.w(s, slot::OWNER).load(SeqCst))
+            .filter(|&o| o != 0 && o & OWNER_RECLAIMING == 0)
+            .map(|o| (o & 0xffff_ffff) as u32)
+            .collect()
+    }
+
     /// Bytes the container uses on `dev`.
     pub fn container_used(&self, dev: usize) -> u64 {
-        (0..SLOT_COUNT)
+        self.used_slots()
             .map(|s| self.w(s, slot::USED + dev).load(SeqCst))
             .fold(0u64, u64::saturating_add)
     }
@@ -136,14 +168,16 @@ impl<'a> Ledger<'a> {
         }
         let used = self.w(s, slot::USED + dev);
         let mine = used.fetch_add(bytes, SeqCst).saturating_add(bytes);
+        let container = self.container_used(dev);
         if let Some(limit) = limit {
-            if bytes > limit || self.container_used(dev) > limit {
+            if bytes > limit || container > limit {
                 used.fetch_sub(bytes, SeqCst);
                 self.w(s, slot::OOM_REFUSALS).fetch_add(1, SeqCst);
                 return false;
             }
         }
         self.w(s, slot::PEAK + dev).fetch_max(mine, SeqCst);
+        self.words[header::CONTAINER_PEAK + dev].fetch_max(container, SeqCst);
         true
     }
 
@@ -192,6 +226,9 @@ mod tests {
         let a = l.claim(10, &|_| true).unwrap();
         let b = l.claim(11, &|_| true).unwrap();
         assert_ne!(a, b);
+        // Only the claimed slots are summed.
+        assert_eq!(w[header::SLOTS_USED].load(SeqCst), 2);
+        assert_eq!(l.used_slots(), 0..2);
         assert!(l.reserve(a, 0, 1023 << 20, lim[0]));
         assert!(!l.reserve(b, 0, 2 << 20, lim[0]));
         assert!(l.reserve(b, 0, 1 << 20, lim[0]));
@@ -202,6 +239,7 @@ mod tests {
         assert_eq!(s.memory_limit[0], 1 << 30);
         assert_eq!(s.oom_refusals(), 2);
         assert_eq!(s.launches(), 1);
+        assert_eq!(s.container_peak[0], 1 << 30);
         l.release(a, 0, 1023 << 20);
         assert_eq!(l.container_used(0), 1 << 20);
     }
@@ -214,8 +252,17 @@ mod tests {
         assert!(l.reserve(a, 0, 100, Some(100)));
         let b = l.claim(11, &|_| true).unwrap();
         assert!(!l.reserve(b, 0, 1, Some(100)));
+        l.launched(a);
+        l.throttled(a, 5);
         assert_eq!(l.reclaim_dead(11, &|p| p != 10), 1);
         assert!(l.reserve(b, 0, 100, Some(100)));
+        // The dead process's counters stay in the container's totals.
+        let snap = Snapshot::parse(&bytes(&w)).unwrap();
+        assert_eq!(snap.processes.len(), 1);
+        assert_eq!(
+            (snap.launches(), snap.throttled_ns(), snap.oom_refusals()),
+            (1, 5, 1)
+        );
         // Pid 11 comes back as a new process: its old slot is cleared.
         assert_eq!(l.claim(11, &|_| true), Some(b));
         assert_eq!(l.container_used(0), 0);

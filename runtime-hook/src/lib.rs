@@ -14,3 +14,4 @@
 pub mod config;
 mod ffi;
 pub mod ledger;
+pub mod throttle;

@@ -8,6 +8,10 @@
 //!   the vgpu environment contract; default one 16 GiB device.
 //! - `CUDA_VISIBLE_DEVICES`: honoured as the driver does (integer indexes, in the given order, up to the
 //!   first invalid entry).
+//! - `FAKE_CUDA_BLOCK_NS`: GPU time per thread block of a launch (default 0); kernels of a device run
+//!   one after another and a launch blocks while more than 2 ms of work is queued, so a program that
+//!   launches as fast as it can keeps the device 100 % busy. `fakeCudaGetBusyNs` reports the busy time
+//!   (the fake NVML turns it into utilization).
 //! - `FAKE_CUDA_SHARED`: path of a file through which all processes using the fake keep a device-wide
 //!   total, and its peak, the way a real GPU's memory is shared by every process on it. Memory of a
 //!   process that died is released (the driver frees a process's allocations when it exits).
@@ -46,6 +50,10 @@ const DRIVER_VERSION: c_int = 12040;
 struct Device {
     total: u64,
     used: u64,
+    /// Monotonic ns at which the last queued kernel ends.
+    busy_until: u64,
+    /// GPU ns of all kernels queued so far.
+    scheduled: u64,
 }
 
 struct State {
@@ -54,6 +62,7 @@ struct State {
     physical: Vec<usize>,
     allocations: HashMap<u64, (usize, u64)>,
     next_ptr: u64,
+    next_low_ptr: u64,
     launches: u64,
 }
 
@@ -94,6 +103,8 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
         .map(|&p| Device {
             total: physical_totals[p],
             used: 0,
+            busy_until: 0,
+            scheduled: 0,
         })
         .collect();
     Ok(Mutex::new(State {
@@ -101,6 +112,7 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
         physical,
         allocations: HashMap::new(),
         next_ptr: 0x7f00_0000_0000,
+        next_low_ptr: 0x1000_0000,
         launches: 0,
     }))
 }
@@ -279,6 +291,11 @@ fn current() -> Result<usize, CUresult> {
 /// Allocation common to every allocator: "If bytesize is 0, cuMemAlloc() returns
 /// CUDA_ERROR_INVALID_VALUE"; CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
 fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
+    alloc_on_at(d, bytes, false)
+}
+
+/// As [`alloc_on`]; `low` picks a pointer below 4 GiB (for the 32-bit legacy ABI).
+fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -287,14 +304,25 @@ fn alloc_on(d: usize, bytes: u64) -> Result<u64, CUresult> {
     if dev.used.saturating_add(bytes) > dev.total {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
+    let step = bytes.div_ceil(512) * 512 + 512;
+    if low && s.next_low_ptr.saturating_add(step) > u64::from(u32::MAX) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     let phys = s.physical[d];
     if !shared::alloc(phys, bytes, s.devices[d].total) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     s.devices[d].used += bytes;
-    let ptr = s.next_ptr;
-    // Allocations are "suitably aligned for any kind of variable"; keep 512-byte alignment and a gap.
-    s.next_ptr += bytes.div_ceil(512) * 512 + 512;
+    let ptr = if low {
+        let p = s.next_low_ptr;
+        s.next_low_ptr += step;
+        p
+    } else {
+        let p = s.next_ptr;
+        s.next_ptr += step;
+        p
+    };
     s.allocations.insert(ptr, (d, bytes));
     Ok(ptr)
 }
@@ -339,6 +367,48 @@ unsafe fn alloc_current(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let d = try_cu!(current());
     // SAFETY: checked non-null.
     unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
+}
+
+/// `cuMemAlloc` (the CUDA 3.1 ABI, kept by the driver for old binaries): 32-bit size and device
+/// pointer. The fake hands these out from a separate low range so that they fit in 32 bits.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, bytesize: c_uint) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    match alloc_on_at(d, u64::from(bytesize), true) {
+        Ok(p) => {
+            // SAFETY: checked non-null; low-range pointers fit in 32 bits.
+            unsafe { *dptr = p as u32 };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `cuMemFree` (CUDA 3.1 ABI).
+#[no_mangle]
+pub extern "C" fn cuMemFree(dptr: u32) -> CUresult {
+    free_ptr(u64::from(dptr))
+}
+
+/// `cuMemGetInfo` (CUDA 3.1 ABI): 32-bit sizes, saturated at 4 GiB - 1 as the driver does.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    let s = try_cu!(state());
+    let dev = &s.devices[d];
+    let used = shared::used(s.physical[d]).unwrap_or(dev.used);
+    // SAFETY: both checked non-null.
+    unsafe {
+        *free = dev.total.saturating_sub(used).min(u64::from(c_uint::MAX)) as c_uint;
+        *total = dev.total.min(u64::from(c_uint::MAX)) as c_uint;
+    }
+    CUDA_SUCCESS
 }
 
 /// `cuMemAllocManaged`: managed memory, counted against the current device as the hook counts it.
@@ -601,13 +671,88 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     CUDA_SUCCESS
 }
 
-fn launch() -> CUresult {
+/// GPU time one thread block takes (`FAKE_CUDA_BLOCK_NS`, default 0: kernels take no time).
+fn block_ns() -> u64 {
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        std::env::var("FAKE_CUDA_BLOCK_NS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Work a device may have queued before a launch blocks: launches are asynchronous, and "the launch
+/// queue has a finite depth; when it is full, the launching thread blocks" (CUDA C Programming
+/// Guide, asynchronous concurrent execution). Modelled as 2 ms of queued GPU time.
+const QUEUE_NS: u64 = 2_000_000;
+
+fn now_ns() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// Counts a launch of `blocks` thread blocks on the current device and queues its GPU time: the
+/// device runs one kernel after another, so it is busy until the last queued kernel ends.
+fn launch(blocks: u64) -> CUresult {
     let mut s = try_cu!(state());
-    if CURRENT.with(|c| c.get()).is_none() {
+    let Some(d) = CURRENT.with(|c| c.get()) else {
         return CUDA_ERROR_INVALID_CONTEXT;
-    }
+    };
     s.launches += 1;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    let work = blocks.saturating_mul(block_ns());
+    if work == 0 {
+        return CUDA_SUCCESS;
+    }
+    let now = now_ns();
+    let dev = &mut s.devices[d];
+    dev.busy_until = dev.busy_until.max(now) + work;
+    dev.scheduled += work;
+    let ahead = dev.busy_until - now;
+    drop(s);
+    if ahead > QUEUE_NS {
+        std::thread::sleep(std::time::Duration::from_nanos(ahead - QUEUE_NS));
+    }
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA; read by the fake NVML as NVML reads the GPU): GPU time in ns that kernels
+/// launched by this process have run on physical device `dev` so far.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetBusyNs(dev: c_int, busy: *mut u64) -> CUresult {
+    if busy.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = try_cu!(state());
+    let Some(d) = s.physical.iter().position(|&p| p as c_int == dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    let dev = &s.devices[d];
+    let queued = dev.busy_until.saturating_sub(now_ns());
+    // SAFETY: checked non-null.
+    unsafe { *busy = dev.scheduled.saturating_sub(queued) };
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA; read by the fake NVML): bytes allocated on physical device `dev`, by every
+/// process when `FAKE_CUDA_SHARED` is set, else by this one.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetDeviceUsed(dev: c_int, used: *mut u64) -> CUresult {
+    if used.is_null() || dev < 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = try_cu!(state());
+    let own = s
+        .physical
+        .iter()
+        .position(|&p| p as c_int == dev)
+        .map_or(0, |d| s.devices[d].used);
+    // SAFETY: checked non-null.
+    unsafe { *used = shared::used(dev as usize).unwrap_or(own) };
     CUDA_SUCCESS
 }
 
@@ -633,7 +778,7 @@ fn launch_grid(grid: [c_uint; 3], block: [c_uint; 3]) -> CUresult {
     if grid.contains(&0) || block.contains(&0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    launch()
+    launch(grid.iter().map(|&g| u64::from(g)).product())
 }
 
 /// `cuLaunchKernel_ptsz`.
@@ -715,10 +860,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     }
     // SAFETY: checked non-null.
     let c = unsafe { &*config };
-    if c.grid.contains(&0) || c.block.contains(&0) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    launch()
+    launch_grid(c.grid, c.block)
 }
 
 /// `cuLaunchKernelEx_ptsz`.
@@ -741,14 +883,14 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
 /// `cuGraphLaunch`: one counted launch per graph.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
-    launch()
+    launch(1)
 }
 
 /// `cuGraphLaunch_ptsz`.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: *mut c_void) -> CUresult {
     let _ = (exec, stream);
-    launch()
+    launch(1)
 }
 
 /// Test hook (not CUDA): launches this process made, for tests to compare with the hook's meter.
@@ -802,10 +944,9 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
     ];
     let mut full = name.to_string();
     if V2.contains(&name) {
-        if version < 3020 {
-            return None; // the fake has no v1 ABI
+        if version >= 3020 {
+            full.push_str("_v2");
         }
-        full.push_str("_v2");
     } else if PTSZ.contains(&name) && flags & 2 != 0 {
         full.push_str("_ptsz");
     } else if name == "cuGetProcAddress" && version >= 12000 {
@@ -823,6 +964,9 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
         "cuCtxGetDevice" => cuCtxGetDevice as *mut c_void,
         "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *mut c_void,
         "cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
+        "cuMemAlloc" => cuMemAlloc as *mut c_void,
+        "cuMemFree" => cuMemFree as *mut c_void,
+        "cuMemGetInfo" => cuMemGetInfo as *mut c_void,
         "cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
         "cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *mut c_void,
         "cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
