@@ -12,11 +12,49 @@
 //! (the pod was never seen again).
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
 use vgpu_core::placement::{self, Gpu, NodeGpus, PodRequest};
+
+/// The Fx hash (rustc's): a multiply-rotate over 8-byte words, several times faster than SipHash
+/// on short keys like node names. Not DoS-resistant, which is fine for keys that come from the
+/// cluster's own Node objects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by node name with [`FxHasher`].
+type NodeMap<V> = HashMap<String, V, BuildHasherDefault<FxHasher>>;
+
+/// A hash of a sequence of node names (to recognise the list a filter answered).
+pub fn names_hash<'a>(names: impl IntoIterator<Item = &'a str>) -> u64 {
+    let mut h = FxHasher::default();
+    for n in names {
+        h.write(n.as_bytes());
+        h.write(&[0xff]);
+    }
+    h.finish()
+}
 
 /// How the node's inventory looks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +140,7 @@ pub struct GpuReport {
 /// The cluster as the extender sees it.
 #[derive(Debug)]
 pub struct Cluster {
-    nodes: HashMap<String, NodeEntry>,
+    nodes: NodeMap<NodeEntry>,
     pods: HashMap<String, Placed>,
     assumed: HashMap<String, Instant>,
     heartbeat_timeout: Duration,
@@ -114,7 +152,7 @@ impl Cluster {
     /// an assumed pod not seen from the API within `assume_ttl` is forgotten.
     pub fn new(heartbeat_timeout: Duration, assume_ttl: Duration) -> Cluster {
         Cluster {
-            nodes: HashMap::new(),
+            nodes: NodeMap::default(),
             pods: HashMap::new(),
             assumed: HashMap::new(),
             heartbeat_timeout,
@@ -320,6 +358,20 @@ impl Cluster {
             return Err(why);
         }
         placement::place_scored(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
+    }
+
+    /// Whether `pod` fits on node `name` now, and its score, or the message; the same decision as
+    /// [`Cluster::check`] without building the placement.
+    pub fn score(&self, name: &str, pod: &PodRequest, now: u64) -> Result<u32, String> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(format!(
+                "{name}: not known to the vGPU extender (no Node object seen)"
+            ));
+        };
+        if let Some(why) = self.unusable(name, e, now) {
+            return Err(why);
+        }
+        placement::score(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
     }
 
     /// Places `pod` (uid `uid`) on `node` and records the assumption; fails, changing nothing, when

@@ -44,8 +44,53 @@ pub struct NodeList {
     pub items: Vec<Value>,
 }
 
-/// Node name to failure message.
-pub type FailedNodesMap = BTreeMap<String, String>;
+/// Node name to failure message: a JSON object on the wire, kept as pairs in candidate order
+/// (building a sorted map of thousands of names cost more than the placement itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailedNodesMap(pub Vec<(String, String)>);
+
+impl FailedNodesMap {
+    /// Adds a node's message.
+    pub fn insert(&mut self, node: String, message: String) {
+        self.0.push((node, message));
+    }
+
+    /// The message for a node.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, m)| m.as_str())
+    }
+
+    /// Whether no node failed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Number of failed nodes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl Serialize for FailedNodesMap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for FailedNodesMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = BTreeMap::<String, String>::deserialize(d)?;
+        Ok(FailedNodesMap(m.into_iter().collect()))
+    }
+}
 
 /// The answer to a filter call.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -60,14 +105,14 @@ pub struct ExtenderFilterResult {
     #[serde(
         default,
         rename = "failedNodes",
-        skip_serializing_if = "BTreeMap::is_empty"
+        skip_serializing_if = "FailedNodesMap::is_empty"
     )]
     pub failed_nodes: FailedNodesMap,
     /// Nodes that cannot fit whatever is preempted, and why.
     #[serde(
         default,
         rename = "failedAndUnresolvableNodes",
-        skip_serializing_if = "BTreeMap::is_empty"
+        skip_serializing_if = "FailedNodesMap::is_empty"
     )]
     pub failed_and_unresolvable_nodes: FailedNodesMap,
     /// A failure of the call itself.

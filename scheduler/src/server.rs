@@ -76,8 +76,8 @@ pub struct AppState {
     pub nodes_synced: AtomicBool,
     /// Whether the pod watch has listed once.
     pub pods_synced: AtomicBool,
-    /// Pod UID to node scores, from the last filter.
-    scores: Mutex<HashMap<String, HashMap<String, u32>>>,
+    /// Pod UID to the hash of the node names its last filter passed, and their scores in order.
+    scores: Mutex<HashMap<String, (u64, Vec<u32>)>>,
 }
 
 /// Now, in Unix seconds.
@@ -188,13 +188,15 @@ impl AppState {
                 return result;
             }
         };
-        let mut scores = HashMap::with_capacity(names.len());
+        let mut passed: Vec<&str> = Vec::with_capacity(names.len());
+        let mut scores: Vec<u32> = Vec::with_capacity(names.len());
         {
             let cluster = read(&self.cluster);
             for n in &names {
-                match cluster.check(n, &req, now) {
-                    Ok((_, score)) => {
-                        scores.insert(n.to_string(), score);
+                match cluster.score(n, &req, now) {
+                    Ok(score) => {
+                        passed.push(n);
+                        scores.push(score);
                     }
                     Err(why) => {
                         result.failed_nodes.insert(n.to_string(), why);
@@ -202,13 +204,29 @@ impl AppState {
                 }
             }
         }
-        pass(&mut result, &|n| scores.contains_key(n));
+        if let Some(list) = &args.nodes {
+            let mut i = 0;
+            let mut items = Vec::with_capacity(passed.len());
+            for item in &list.items {
+                if i < passed.len() && node_name(item) == Some(passed[i]) {
+                    items.push(item.clone());
+                    i += 1;
+                }
+            }
+            result.nodes = Some(NodeList {
+                items,
+                ..list.clone_empty()
+            });
+        } else {
+            result.nodenames = Some(passed.iter().map(|n| n.to_string()).collect());
+        }
         if let Some(uid) = pod.metadata.uid.as_deref() {
+            let hash = crate::cache::names_hash(passed.iter().copied());
             let mut cache = lock(&self.scores);
             if cache.len() >= SCORE_CACHE_PODS {
                 cache.clear();
             }
-            cache.insert(uid.to_string(), scores);
+            cache.insert(uid.to_string(), (hash, scores));
         }
         result
     }
@@ -237,14 +255,20 @@ impl AppState {
                     .collect()
             }
         };
+        // The filter's scores, when asked about exactly the nodes it passed (the usual case).
+        let cached = cached.and_then(|(hash, scores)| {
+            (scores.len() == names.len() && hash == crate::cache::names_hash(names.iter().copied()))
+                .then_some(scores)
+        });
         let cluster = read(&self.cluster);
         names
             .iter()
-            .map(|n| {
+            .enumerate()
+            .map(|(i, n)| {
                 let score = cached
                     .as_ref()
-                    .and_then(|c| c.get(*n).copied())
-                    .or_else(|| cluster.check(n, &req, now).ok().map(|(_, s)| s))
+                    .map(|c| c[i])
+                    .or_else(|| cluster.score(n, &req, now).ok())
                     .unwrap_or(0);
                 HostPriority {
                     host: n.to_string(),

@@ -96,6 +96,9 @@ pub struct Gpu {
     pub model: String,
     /// `model`, lower-cased once so type matching does not allocate.
     model_lower: String,
+    /// Index within its node of the first GPU with the same model (set by [`NodeGpus::new`]), so
+    /// type lists are tested once per distinct model.
+    model_first: usize,
     /// Device memory in MiB.
     pub memory_mib: u64,
     /// Compute capacity in percent (100 unscaled).
@@ -123,6 +126,7 @@ impl Gpu {
             index: d.index,
             model: d.model.clone(),
             model_lower: d.model.to_ascii_lowercase(),
+            model_first: 0,
             memory_mib: d.memory_mib,
             cores: d.cores,
             split: d.split.max(1),
@@ -184,7 +188,14 @@ pub struct NodeGpus {
 
 impl NodeGpus {
     /// A node with these GPUs.
-    pub fn new(gpus: Vec<Gpu>) -> NodeGpus {
+    pub fn new(mut gpus: Vec<Gpu>) -> NodeGpus {
+        for i in 0..gpus.len() {
+            let first = gpus[..i]
+                .iter()
+                .position(|g| g.model_lower == gpus[i].model_lower)
+                .unwrap_or(i);
+            gpus[i].model_first = first;
+        }
         NodeGpus { gpus }
     }
 
@@ -507,8 +518,48 @@ impl fmt::Display for Unfit {
     }
 }
 
+/// A vector that lives on the stack up to 16 entries (a node's GPUs), so checking a node does not
+/// allocate.
+struct SmallBuf<T: Copy + Default> {
+    inline: [T; 16],
+    len: usize,
+    heap: Vec<T>,
+}
+
+impl<T: Copy + Default> SmallBuf<T> {
+    fn new() -> Self {
+        SmallBuf {
+            inline: [T::default(); 16],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+    fn push(&mut self, v: T) {
+        if self.len < self.inline.len() && self.heap.is_empty() {
+            self.inline[self.len] = v;
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline[..self.len]);
+            }
+            self.heap.push(v);
+        }
+        self.len += 1;
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+        self.heap.clear();
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.heap.is_empty() {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.heap[..]
+        }
+    }
+}
+
 /// Usage of one GPU while a pod's containers are placed one after another.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Scratch {
     used_mib: u64,
     used_cores: u32,
@@ -529,20 +580,35 @@ pub fn place_scored(
     node: &NodeGpus,
     pod: &PodRequest,
 ) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
+    place_inner(node, pod, true)
+}
+
+/// Whether the pod fits, and the node's score, without building the assignment: what filter and
+/// prioritize need for every candidate node (the same decisions as [`place_scored`]).
+pub fn score(node: &NodeGpus, pod: &PodRequest) -> Result<u32, Unfit> {
+    place_inner(node, pod, false).map(|(_, s)| s)
+}
+
+fn place_inner(
+    node: &NodeGpus,
+    pod: &PodRequest,
+    record: bool,
+) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
     let gpus = node.gpus();
-    let mut scratch: Vec<Scratch> = gpus
-        .iter()
-        .map(|g| Scratch {
+    let mut scratch_buf: SmallBuf<Scratch> = SmallBuf::new();
+    for g in gpus {
+        scratch_buf.push(Scratch {
             used_mib: g.used_mib,
             used_cores: g.used_cores,
             slices: g.slices,
             exclusive: g.exclusive,
-        })
-        .collect();
+        });
+    }
+    let scratch = scratch_buf.as_mut_slice();
     let several = pod.containers.len() > 1;
-    let mut out = Vec::with_capacity(pod.containers.len());
+    let mut out = Vec::with_capacity(if record { pod.containers.len() } else { 0 });
     // Candidate indices, reused across containers.
-    let mut cand: Vec<(u64, u32, usize)> = Vec::with_capacity(gpus.len());
+    let mut cand_buf: SmallBuf<(u64, u32, usize)> = SmallBuf::new();
     for c in &pod.containers {
         let r = &c.request;
         let need = r.gpus as usize;
@@ -555,7 +621,10 @@ pub fn place_scored(
         if gpus.is_empty() {
             return Err(unfit(UnfitReason::NoGpus));
         }
-        cand.clear();
+        cand_buf.clear();
+        // GPUs of one node mostly share a model: test the type lists once per distinct model.
+        let typed = !pod.filter.use_types.is_empty() || !pod.filter.nouse_types.is_empty();
+        let mut type_memo: SmallBuf<(usize, bool)> = SmallBuf::new();
         // Counts after each check, for the failure message.
         let (mut n_usable, mut n_type, mut n_uuid, mut n_split, mut n_excl, mut n_cores) =
             (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
@@ -569,7 +638,20 @@ pub fn place_scored(
                 continue;
             }
             n_usable += 1;
-            if !pod.filter.type_ok(g) {
+            let type_ok = !typed
+                || match type_memo
+                    .as_mut_slice()
+                    .iter()
+                    .find(|(first, _)| *first == g.model_first)
+                {
+                    Some(&(_, ok)) => ok,
+                    None => {
+                        let ok = pod.filter.type_ok(g);
+                        type_memo.push((g.model_first, ok));
+                        ok
+                    }
+                };
+            if !type_ok {
                 continue;
             }
             n_type += 1;
@@ -612,19 +694,20 @@ pub fn place_scored(
                 continue;
             }
             let after = g.use_permille(s.used_mib.saturating_add(want), s.used_cores);
-            cand.push((after, g.index, i));
+            cand_buf.push((after, g.index, i));
         }
+        let cand = cand_buf.as_mut_slice();
         if cand.len() < need {
             let uuid = |i: usize| gpus[i].uuid.clone();
             let reason = if n_usable < need {
                 UnfitReason::Unhealthy { usable: n_usable }
             } else if n_type < need {
-                let mut models: Vec<String> = Vec::new();
-                for g in gpus {
-                    if !models.contains(&g.model) {
-                        models.push(g.model.clone());
-                    }
-                }
+                let models: Vec<String> = gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, g)| g.model_first == *i)
+                    .map(|(_, g)| g.model.clone())
+                    .collect();
                 UnfitReason::Type {
                     left: n_type,
                     want: pod.filter.use_types.joined(),
@@ -664,7 +747,7 @@ pub fn place_scored(
             Policy::Binpack => cand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1))),
             Policy::Spread => cand.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1))),
         }
-        let mut devices = Vec::with_capacity(need);
+        let mut devices = Vec::with_capacity(if record { need } else { 0 });
         for &(_, _, i) in cand.iter().take(need) {
             let g = &gpus[i];
             let mib = r.mib_per_gpu(g.memory_mib);
@@ -675,20 +758,24 @@ pub fn place_scored(
                 .saturating_add(if exclusive { g.cores } else { r.cores });
             s.slices += 1;
             s.exclusive |= exclusive;
-            devices.push(DeviceSlice {
-                uuid: g.uuid.clone(),
-                memory_mib: mib,
-                cores: r.cores,
+            if record {
+                devices.push(DeviceSlice {
+                    uuid: g.uuid.clone(),
+                    memory_mib: mib,
+                    cores: r.cores,
+                });
+            }
+        }
+        if record {
+            out.push(ContainerAssignment {
+                name: c.name.clone(),
+                devices,
             });
         }
-        out.push(ContainerAssignment {
-            name: c.name.clone(),
-            devices,
-        });
     }
     // Node use after placement: mean over usable GPUs.
     let (mut sum, mut n) = (0u64, 0u64);
-    for (g, s) in gpus.iter().zip(&scratch) {
+    for (g, s) in gpus.iter().zip(scratch.iter()) {
         if g.usable {
             sum += g.use_permille(s.used_mib, s.used_cores);
             n += 1;

@@ -367,6 +367,22 @@ fn containers_share_gpus_within_limits_and_node_counts_are_untouched() {
 }
 
 #[test]
+fn nodes_with_more_gpus_than_the_inline_buffer() {
+    let mut n = a100s(20);
+    n.add(&slice("GPU-19", 81920, 0));
+    let a = place(&n, &one(19, Memory::Mib(1024), 0)).unwrap();
+    let mut u = uuids(&a)[0].clone();
+    u.sort();
+    u.dedup();
+    assert_eq!(u.len(), 19);
+    assert!(!u.contains(&"GPU-19"));
+    assert_eq!(
+        err(&n, &one(20, Memory::Mib(1024), 0)),
+        "20 GPUs with 1024 MiB free needed, only 19 (largest 81920 MiB on GPU-0)"
+    );
+}
+
+#[test]
 fn placed_slices_round_trip_through_node_counts() {
     let mut n = a100s(2);
     let a = place(&n, &one(2, Memory::Mib(1000), 20)).unwrap();
@@ -396,7 +412,10 @@ proptest::proptest! {
             let memory = if pct { Memory::Percent(p) } else { Memory::Mib(mib) };
             let mut pod = one(gpus, memory, cores);
             pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
-            if let Ok(a) = place(&n, &pod) {
+            let scored = score(&n, &pod).ok();
+            let placed_now = place_scored(&n, &pod).ok();
+            proptest::prop_assert_eq!(scored, placed_now.as_ref().map(|(_, s)| *s));
+            if let Some((a, _)) = placed_now {
                 let u = &uuids(&a)[0];
                 let mut d = u.clone();
                 d.sort();
