@@ -6,4 +6,5 @@ mod certs_api;
 mod helm;
 mod hook;
 mod metrics;
+mod scheduler;
 mod webhook;
