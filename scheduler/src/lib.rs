@@ -1,1 +1,14 @@
-//! placeholder
+//! `vgpu-scheduler`: a kube-scheduler HTTP extender that places vGPU pods on physical GPUs.
+//!
+//! kube-scheduler (an unmodified one, in the same pod) calls [`server::extender_app`]'s filter,
+//! prioritize and bind verbs; the decisions come from `vgpu_core::placement` over the
+//! [`cache::Cluster`] that [`watch`] keeps from node inventory annotations and vGPU pods'
+//! assignment annotations. A bind writes the pod's `vgpu.io/assignment` and then its Binding.
+
+pub mod cache;
+pub mod cli;
+pub mod extender;
+pub mod metrics;
+pub mod pod;
+pub mod server;
+pub mod watch;

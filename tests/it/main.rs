@@ -7,5 +7,6 @@ mod device_plugin;
 mod helm;
 mod hook;
 mod metrics;
+mod scheduler;
 mod validate;
 mod webhook;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
 
-fn promtool() -> Option<&'static str> {
+pub(crate) fn promtool() -> Option<&'static str> {
     let found = Command::new("promtool")
         .arg("--version")
         .output()

@@ -1,1 +1,794 @@
-//! GPU placement: fit, score and policies. To be written with the scheduler.
+//! GPU placement: which physical GPUs of one node each vGPU container of a pod gets, and how good
+//! that node is for the pod. Pure functions over a node's GPUs and what is already placed on them,
+//! so the scheduler extender and the simulator run the same code.
+//!
+//! A container asking for `n` vGPUs gets `n` distinct GPUs of the node, each with
+//!
+//! - a healthy device of the NVIDIA vendor type,
+//! - a model allowed by `nvidia.com/use-gputype` and not refused by `nvidia.com/nouse-gputype`
+//!   (comma lists; an entry matches when the model contains it, ignoring case, as HAMi's `checkType`),
+//! - a UUID allowed by `nvidia.com/use-gpuuuid` and not refused by `nvidia.com/nouse-gpuuuid`
+//!   (comma lists of exact UUIDs, ignoring case),
+//! - fewer slices in use than the device's split count,
+//! - the requested gpucores free (0 asks for no share; 100 asks for the card alone, so the card must
+//!   hold no slice at all, and nothing else may join it afterwards),
+//! - the requested gpumem free (a percentage resolves against that card's memory).
+//!
+//! Containers of one pod are placed in order and see each other's slices, so two containers may
+//! share a GPU (within its limits) but one container never holds the same GPU twice.
+//!
+//! Policies (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`, HAMi-compatible):
+//! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used.
+
+use std::fmt;
+
+use thiserror::Error;
+
+use crate::annotations::{
+    GPU_POLICY, NODE_POLICY, NOUSE_GPU_TYPE, NOUSE_GPU_UUID, USE_GPU_TYPE, USE_GPU_UUID,
+};
+use crate::assignment::{ContainerAssignment, DeviceSlice};
+use crate::inventory::DeviceInfo;
+use crate::request::VgpuRequest;
+
+/// The gpucores value that asks for a whole card, exclusively.
+pub const EXCLUSIVE_CORES: u32 = 100;
+
+/// The highest node score [`place_scored`] gives (kube-scheduler's `MaxExtenderPriority`).
+pub const MAX_SCORE: u32 = 10;
+
+/// How to order nodes, or GPUs within a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// Most used first: keeps whole cards and nodes free for large requests.
+    #[default]
+    Binpack,
+    /// Least used first: spreads load and interference.
+    Spread,
+}
+
+impl Policy {
+    /// The policy's name as annotations and flags spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Binpack => "binpack",
+            Policy::Spread => "spread",
+        }
+    }
+
+    /// Every policy name, for messages.
+    pub const NAMES: &'static str = "binpack, spread";
+
+    /// Reads a policy name (case-insensitive, surrounding spaces ignored).
+    pub fn parse(s: &str) -> Option<Policy> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("binpack") {
+            Some(Policy::Binpack)
+        } else if s.eq_ignore_ascii_case("spread") {
+            Some(Policy::Spread)
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::parse(s).ok_or_else(|| format!("{s:?} is not one of {}", Policy::NAMES))
+    }
+}
+
+/// One physical GPU with what is already placed on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Vendor UUID.
+    pub uuid: String,
+    /// Index on the node.
+    pub index: u32,
+    /// Model name as reported.
+    pub model: String,
+    /// `model`, lower-cased once so type matching does not allocate.
+    model_lower: String,
+    /// Index within its node of the first GPU with the same model (set by [`NodeGpus::new`]), so
+    /// type lists are tested once per distinct model.
+    model_first: usize,
+    /// Device memory in MiB.
+    pub memory_mib: u64,
+    /// Compute capacity in percent (100 unscaled).
+    pub cores: u32,
+    /// How many slices may share the device (at least 1).
+    pub split: u32,
+    /// Whether work may be placed here: healthy and of a vendor this placement handles.
+    pub usable: bool,
+    /// Device memory already placed, MiB.
+    pub used_mib: u64,
+    /// Cores already placed, percent.
+    pub used_cores: u32,
+    /// Slices already placed.
+    pub slices: u32,
+    /// Whether a slice holds the card exclusively (gpucores 100).
+    pub exclusive: bool,
+}
+
+impl Gpu {
+    /// An idle GPU from its inventory entry. Devices of another vendor than NVIDIA are not usable.
+    pub fn from_device(d: &DeviceInfo) -> Gpu {
+        let nvidia = d.vendor.is_empty() || d.vendor.eq_ignore_ascii_case("nvidia");
+        Gpu {
+            uuid: d.uuid.clone(),
+            index: d.index,
+            model: d.model.clone(),
+            model_lower: d.model.to_ascii_lowercase(),
+            model_first: 0,
+            memory_mib: d.memory_mib,
+            cores: d.cores,
+            split: d.split.max(1),
+            usable: d.healthy && nvidia,
+            used_mib: 0,
+            used_cores: 0,
+            slices: 0,
+            exclusive: false,
+        }
+    }
+
+    /// Counts one placed slice against this GPU.
+    pub fn add(&mut self, s: &DeviceSlice) {
+        self.used_mib = self.used_mib.saturating_add(s.memory_mib);
+        self.used_cores = self.used_cores.saturating_add(s.cores);
+        self.slices = self.slices.saturating_add(1);
+        self.exclusive |= s.cores >= EXCLUSIVE_CORES;
+    }
+
+    /// Device memory still free, MiB.
+    pub fn free_mib(&self) -> u64 {
+        self.memory_mib.saturating_sub(self.used_mib)
+    }
+
+    /// Cores still free, percent.
+    pub fn free_cores(&self) -> u32 {
+        self.cores.saturating_sub(self.used_cores)
+    }
+
+    /// Use in per-mille: the mean of the memory and the cores fractions in use.
+    fn use_permille(&self, used_mib: u64, used_cores: u32) -> u64 {
+        let mem = permille(used_mib, self.memory_mib);
+        let cores = permille(u64::from(used_cores), u64::from(self.cores));
+        (mem + cores) / 2
+    }
+}
+
+fn permille(used: u64, total: u64) -> u64 {
+    (used.min(total).saturating_mul(1000))
+        .checked_div(total)
+        .unwrap_or(1000)
+}
+
+/// A node's GPUs with the slices already placed on them.
+///
+/// ```
+/// use vgpu_core::inventory::DeviceInfo;
+/// use vgpu_core::placement::{Gpu, NodeGpus};
+///
+/// let dev = DeviceInfo { uuid: "GPU-a".into(), index: 0, model: "NVIDIA T4".into(),
+///     memory_mib: 15360, cores: 100, split: 4, numa: None, healthy: true, vendor: String::new() };
+/// let node = NodeGpus::new(vec![Gpu::from_device(&dev)]);
+/// assert_eq!(node.gpus()[0].free_mib(), 15360);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeGpus {
+    gpus: Vec<Gpu>,
+}
+
+impl NodeGpus {
+    /// A node with these GPUs.
+    pub fn new(mut gpus: Vec<Gpu>) -> NodeGpus {
+        for i in 0..gpus.len() {
+            let first = gpus[..i]
+                .iter()
+                .position(|g| g.model_lower == gpus[i].model_lower)
+                .unwrap_or(i);
+            gpus[i].model_first = first;
+        }
+        NodeGpus { gpus }
+    }
+
+    /// The GPUs, in inventory order.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// Counts a placed slice against the GPU with its UUID. Returns false when the node has no
+    /// such GPU (the slice is then ignored: the device went away).
+    pub fn add(&mut self, s: &DeviceSlice) -> bool {
+        match self.gpus.iter_mut().find(|g| g.uuid == s.uuid) {
+            Some(g) => {
+                g.add(s);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts every slice of a pod's assignment.
+    pub fn add_all<'a>(&mut self, containers: impl IntoIterator<Item = &'a ContainerAssignment>) {
+        for c in containers {
+            for s in &c.devices {
+                self.add(s);
+            }
+        }
+    }
+}
+
+/// A comma list from an annotation: trimmed, lower-cased, empty entries dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameList(Vec<String>);
+
+impl NameList {
+    /// Reads `a, B ,c` into `["a", "b", "c"]`.
+    pub fn parse(s: &str) -> NameList {
+        NameList(
+            s.split(',')
+                .map(|p| p.trim().to_ascii_lowercase())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
+    }
+
+    /// Whether the list has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries, lower-cased.
+    pub fn entries(&self) -> &[String] {
+        &self.0
+    }
+
+    fn any_contained_in(&self, lower: &str) -> bool {
+        self.0.iter().any(|t| lower.contains(t.as_str()))
+    }
+
+    fn any_equal(&self, s: &str) -> bool {
+        self.0.iter().any(|t| t.eq_ignore_ascii_case(s))
+    }
+
+    fn joined(&self) -> String {
+        self.0.join(",")
+    }
+}
+
+/// Which GPUs a pod may use, from its annotations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuFilter {
+    /// `nvidia.com/use-gputype`: when not empty, the model must contain one entry.
+    pub use_types: NameList,
+    /// `nvidia.com/nouse-gputype`: the model must contain none.
+    pub nouse_types: NameList,
+    /// `nvidia.com/use-gpuuuid`: when not empty, the UUID must be one of these.
+    pub use_uuids: NameList,
+    /// `nvidia.com/nouse-gpuuuid`: the UUID must be none of these.
+    pub nouse_uuids: NameList,
+}
+
+impl GpuFilter {
+    fn type_ok(&self, g: &Gpu) -> bool {
+        (self.use_types.is_empty() || self.use_types.any_contained_in(&g.model_lower))
+            && !self.nouse_types.any_contained_in(&g.model_lower)
+    }
+
+    fn uuid_ok(&self, g: &Gpu) -> bool {
+        (self.use_uuids.is_empty() || self.use_uuids.any_equal(&g.uuid))
+            && !self.nouse_uuids.any_equal(&g.uuid)
+    }
+}
+
+/// One vGPU container of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRequest {
+    /// Container name.
+    pub name: String,
+    /// What it asks for.
+    pub request: VgpuRequest,
+}
+
+/// Everything placement needs to know about a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRequest {
+    /// The vGPU containers, init containers first, in pod-spec order.
+    pub containers: Vec<ContainerRequest>,
+    /// Which GPUs it may use.
+    pub filter: GpuFilter,
+    /// Node policy.
+    pub node_policy: Policy,
+    /// GPU policy.
+    pub gpu_policy: Policy,
+}
+
+/// An annotation holding a policy name we do not know.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("annotation {annotation}: {value:?} is not one of {}", Policy::NAMES)]
+pub struct PolicyError {
+    /// The annotation key.
+    pub annotation: &'static str,
+    /// Its value.
+    pub value: String,
+}
+
+impl PodRequest {
+    /// A pod request from its containers and annotations; the policies default to the given ones
+    /// when the pod does not choose.
+    pub fn from_annotations<'a>(
+        containers: Vec<ContainerRequest>,
+        annotation: impl Fn(&str) -> Option<&'a str>,
+        default_node: Policy,
+        default_gpu: Policy,
+    ) -> Result<PodRequest, PolicyError> {
+        let list = |key| annotation(key).map(NameList::parse).unwrap_or_default();
+        let policy = |key: &'static str, default| match annotation(key) {
+            None => Ok(default),
+            Some(v) if v.trim().is_empty() => Ok(default),
+            Some(v) => Policy::parse(v).ok_or_else(|| PolicyError {
+                annotation: key,
+                value: v.to_string(),
+            }),
+        };
+        Ok(PodRequest {
+            containers,
+            filter: GpuFilter {
+                use_types: list(USE_GPU_TYPE),
+                nouse_types: list(NOUSE_GPU_TYPE),
+                use_uuids: list(USE_GPU_UUID),
+                nouse_uuids: list(NOUSE_GPU_UUID),
+            },
+            node_policy: policy(NODE_POLICY, default_node)?,
+            gpu_policy: policy(GPU_POLICY, default_gpu)?,
+        })
+    }
+
+    /// A pod of these containers with no GPU filter and the default policies.
+    pub fn simple(containers: Vec<ContainerRequest>) -> PodRequest {
+        PodRequest {
+            containers,
+            filter: GpuFilter::default(),
+            node_policy: Policy::Binpack,
+            gpu_policy: Policy::Spread,
+        }
+    }
+}
+
+/// Why a container fits no set of GPUs on a node: the first check, in the order the module
+/// documentation lists them, that left fewer GPUs than the container needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnfitReason {
+    /// The node has no GPU in its inventory.
+    NoGpus,
+    /// Too few healthy NVIDIA GPUs.
+    Unhealthy {
+        /// Usable GPUs.
+        usable: usize,
+    },
+    /// Too few GPUs of an allowed type.
+    Type {
+        /// GPUs left.
+        left: usize,
+        /// `use-gputype`, joined.
+        want: String,
+        /// `nouse-gputype`, joined.
+        refuse: String,
+        /// The models the node has, distinct, in inventory order.
+        models: Vec<String>,
+    },
+    /// Too few GPUs with an allowed UUID.
+    Uuid {
+        /// GPUs left.
+        left: usize,
+    },
+    /// Too few GPUs below their split count.
+    Split {
+        /// GPUs left.
+        left: usize,
+    },
+    /// Too few GPUs free of an exclusive slice (or idle, for an exclusive request).
+    Exclusive {
+        /// GPUs left.
+        left: usize,
+        /// Whether the container itself asks for exclusivity.
+        wants_exclusive: bool,
+    },
+    /// Too few GPUs with the requested cores free.
+    Cores {
+        /// GPUs left.
+        left: usize,
+        /// Cores asked per GPU.
+        want: u32,
+        /// The most cores free on one candidate GPU, and its UUID.
+        best: Option<(u32, String)>,
+    },
+    /// Too few GPUs with the requested memory free.
+    Memory {
+        /// GPUs left.
+        left: usize,
+        /// MiB asked per GPU (for a percentage, on the largest candidate).
+        want_mib: u64,
+        /// The percentage asked, when the request is a percentage.
+        percent: Option<u32>,
+        /// The most MiB free on one candidate GPU, and its UUID.
+        best: Option<(u64, String)>,
+    },
+}
+
+/// A container that fits no GPUs of a node, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfit {
+    /// The container.
+    pub container: String,
+    /// GPUs it asks for.
+    pub gpus: u32,
+    /// Why.
+    pub reason: UnfitReason,
+    /// Whether the pod has more than one vGPU container (then messages name the container).
+    pub several: bool,
+}
+
+impl fmt::Display for Unfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.several {
+            write!(f, "container {:?}: ", self.container)?;
+        }
+        let n = self.gpus;
+        // "no GPU with X" for one GPU, "2 GPUs with X needed, 1 has it" for several.
+        let lead = |f: &mut fmt::Formatter<'_>, what: &str, left: usize| {
+            if n <= 1 || left == 0 {
+                write!(f, "no GPU {what}")
+            } else {
+                write!(f, "{n} GPUs {what} needed, only {left}")
+            }
+        };
+        match &self.reason {
+            UnfitReason::NoGpus => write!(f, "no GPUs in the node's inventory"),
+            UnfitReason::Unhealthy { usable } => {
+                if *usable == 0 {
+                    write!(f, "no healthy GPU")
+                } else {
+                    write!(f, "{n} healthy GPUs needed, only {usable}")
+                }
+            }
+            UnfitReason::Type {
+                left,
+                want,
+                refuse,
+                models,
+            } => {
+                let mut what = String::new();
+                if !want.is_empty() {
+                    what.push_str(&format!("of type {want}"));
+                }
+                if !refuse.is_empty() {
+                    if !what.is_empty() {
+                        what.push_str(", ");
+                    }
+                    what.push_str(&format!("not of type {refuse}"));
+                }
+                lead(f, &what, *left)?;
+                write!(f, " (node has {})", models.join(", "))
+            }
+            UnfitReason::Uuid { left } => lead(f, "with an allowed UUID", *left),
+            UnfitReason::Split { left } => lead(f, "below its split count", *left),
+            UnfitReason::Exclusive {
+                left,
+                wants_exclusive,
+            } => {
+                if *wants_exclusive {
+                    lead(f, "idle (gpucores 100 needs a whole card)", *left)
+                } else {
+                    lead(f, "free of an exclusive (gpucores 100) pod", *left)
+                }
+            }
+            UnfitReason::Cores { left, want, best } => {
+                lead(f, &format!("with {want}% cores free"), *left)?;
+                match best {
+                    Some((c, uuid)) => write!(f, " (most {c}% on {uuid})"),
+                    None => Ok(()),
+                }
+            }
+            UnfitReason::Memory {
+                left,
+                want_mib,
+                percent,
+                best,
+            } => {
+                let what = match percent {
+                    Some(p) => format!("with {p}% memory ({want_mib} MiB) free"),
+                    None => format!("with {want_mib} MiB free"),
+                };
+                lead(f, &what, *left)?;
+                match best {
+                    Some((m, uuid)) => write!(f, " (largest {m} MiB on {uuid})"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// A vector that lives on the stack up to 16 entries (a node's GPUs), so checking a node does not
+/// allocate.
+struct SmallBuf<T: Copy + Default> {
+    inline: [T; 16],
+    len: usize,
+    heap: Vec<T>,
+}
+
+impl<T: Copy + Default> SmallBuf<T> {
+    fn new() -> Self {
+        SmallBuf {
+            inline: [T::default(); 16],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+    fn push(&mut self, v: T) {
+        if self.len < self.inline.len() && self.heap.is_empty() {
+            self.inline[self.len] = v;
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline[..self.len]);
+            }
+            self.heap.push(v);
+        }
+        self.len += 1;
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+        self.heap.clear();
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.heap.is_empty() {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.heap[..]
+        }
+    }
+}
+
+/// Usage of one GPU while a pod's containers are placed one after another.
+#[derive(Debug, Clone, Copy, Default)]
+struct Scratch {
+    used_mib: u64,
+    used_cores: u32,
+    slices: u32,
+    exclusive: bool,
+}
+
+/// Places every vGPU container of `pod` on `node`, or says why one does not fit.
+///
+/// Returns the devices of each container in order, with percentages resolved to MiB on the chosen
+/// card. The node's own counts are not changed.
+pub fn place(node: &NodeGpus, pod: &PodRequest) -> Result<Vec<ContainerAssignment>, Unfit> {
+    place_scored(node, pod).map(|(a, _)| a)
+}
+
+/// [`place`], plus the node's score for the pod under the pod's node policy (0..=[`MAX_SCORE`]).
+pub fn place_scored(
+    node: &NodeGpus,
+    pod: &PodRequest,
+) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
+    place_inner(node, pod, true)
+}
+
+/// Whether the pod fits, and the node's score, without building the assignment: what filter and
+/// prioritize need for every candidate node (the same decisions as [`place_scored`]).
+pub fn score(node: &NodeGpus, pod: &PodRequest) -> Result<u32, Unfit> {
+    place_inner(node, pod, false).map(|(_, s)| s)
+}
+
+fn place_inner(
+    node: &NodeGpus,
+    pod: &PodRequest,
+    record: bool,
+) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
+    let gpus = node.gpus();
+    let mut scratch_buf: SmallBuf<Scratch> = SmallBuf::new();
+    for g in gpus {
+        scratch_buf.push(Scratch {
+            used_mib: g.used_mib,
+            used_cores: g.used_cores,
+            slices: g.slices,
+            exclusive: g.exclusive,
+        });
+    }
+    let scratch = scratch_buf.as_mut_slice();
+    let several = pod.containers.len() > 1;
+    let mut out = Vec::with_capacity(if record { pod.containers.len() } else { 0 });
+    // Candidate indices, reused across containers.
+    let mut cand_buf: SmallBuf<(u64, u32, usize)> = SmallBuf::new();
+    for c in &pod.containers {
+        let r = &c.request;
+        let need = r.gpus as usize;
+        let unfit = |reason| Unfit {
+            container: c.name.clone(),
+            gpus: r.gpus,
+            reason,
+            several,
+        };
+        if gpus.is_empty() {
+            return Err(unfit(UnfitReason::NoGpus));
+        }
+        cand_buf.clear();
+        // GPUs of one node mostly share a model: test the type lists once per distinct model.
+        let typed = !pod.filter.use_types.is_empty() || !pod.filter.nouse_types.is_empty();
+        let mut type_memo: SmallBuf<(usize, bool)> = SmallBuf::new();
+        // Counts after each check, for the failure message.
+        let (mut n_usable, mut n_type, mut n_uuid, mut n_split, mut n_excl, mut n_cores) =
+            (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+        let mut best_cores: Option<(u32, usize)> = None;
+        let mut best_mem: Option<(u64, usize)> = None;
+        let mut max_want_mib = 0u64;
+        let exclusive = r.cores >= EXCLUSIVE_CORES;
+        for (i, g) in gpus.iter().enumerate() {
+            let s = &scratch[i];
+            if !g.usable {
+                continue;
+            }
+            n_usable += 1;
+            let type_ok = !typed
+                || match type_memo
+                    .as_mut_slice()
+                    .iter()
+                    .find(|(first, _)| *first == g.model_first)
+                {
+                    Some(&(_, ok)) => ok,
+                    None => {
+                        let ok = pod.filter.type_ok(g);
+                        type_memo.push((g.model_first, ok));
+                        ok
+                    }
+                };
+            if !type_ok {
+                continue;
+            }
+            n_type += 1;
+            if !pod.filter.uuid_ok(g) {
+                continue;
+            }
+            n_uuid += 1;
+            if s.slices >= g.split {
+                continue;
+            }
+            n_split += 1;
+            if s.exclusive || (exclusive && s.slices > 0) {
+                continue;
+            }
+            n_excl += 1;
+            let free_cores = g.cores.saturating_sub(s.used_cores);
+            // A share of 0 cores still needs some compute left on the card (HAMi skips a card whose
+            // cores are all placed).
+            let cores_ok = if exclusive {
+                true
+            } else if r.cores == 0 {
+                free_cores > 0
+            } else {
+                free_cores >= r.cores
+            };
+            if best_cores.is_none_or(|(b, _)| free_cores > b) {
+                best_cores = Some((free_cores, i));
+            }
+            if !cores_ok {
+                continue;
+            }
+            n_cores += 1;
+            let want = r.mib_per_gpu(g.memory_mib);
+            max_want_mib = max_want_mib.max(want);
+            let free = g.memory_mib.saturating_sub(s.used_mib);
+            if best_mem.is_none_or(|(b, _)| free > b) {
+                best_mem = Some((free, i));
+            }
+            if free < want {
+                continue;
+            }
+            let after = g.use_permille(s.used_mib.saturating_add(want), s.used_cores);
+            cand_buf.push((after, g.index, i));
+        }
+        let cand = cand_buf.as_mut_slice();
+        if cand.len() < need {
+            let uuid = |i: usize| gpus[i].uuid.clone();
+            let reason = if n_usable < need {
+                UnfitReason::Unhealthy { usable: n_usable }
+            } else if n_type < need {
+                let models: Vec<String> = gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, g)| g.model_first == *i)
+                    .map(|(_, g)| g.model.clone())
+                    .collect();
+                UnfitReason::Type {
+                    left: n_type,
+                    want: pod.filter.use_types.joined(),
+                    refuse: pod.filter.nouse_types.joined(),
+                    models,
+                }
+            } else if n_uuid < need {
+                UnfitReason::Uuid { left: n_uuid }
+            } else if n_split < need {
+                UnfitReason::Split { left: n_split }
+            } else if n_excl < need {
+                UnfitReason::Exclusive {
+                    left: n_excl,
+                    wants_exclusive: exclusive,
+                }
+            } else if n_cores < need {
+                UnfitReason::Cores {
+                    left: n_cores,
+                    want: r.cores.max(1),
+                    best: best_cores.map(|(c, i)| (c, uuid(i))),
+                }
+            } else {
+                UnfitReason::Memory {
+                    left: cand.len(),
+                    want_mib: max_want_mib,
+                    percent: match r.memory {
+                        crate::request::Memory::Percent(p) => Some(p),
+                        crate::request::Memory::Mib(_) => None,
+                    },
+                    best: best_mem.map(|(m, i)| (m, uuid(i))),
+                }
+            };
+            return Err(unfit(reason));
+        }
+        match pod.gpu_policy {
+            // Fullest after placement first; ties by index.
+            Policy::Binpack => cand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1))),
+            Policy::Spread => cand.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1))),
+        }
+        let mut devices = Vec::with_capacity(if record { need } else { 0 });
+        for &(_, _, i) in cand.iter().take(need) {
+            let g = &gpus[i];
+            let mib = r.mib_per_gpu(g.memory_mib);
+            let s = &mut scratch[i];
+            s.used_mib = s.used_mib.saturating_add(mib);
+            s.used_cores = s
+                .used_cores
+                .saturating_add(if exclusive { g.cores } else { r.cores });
+            s.slices += 1;
+            s.exclusive |= exclusive;
+            if record {
+                devices.push(DeviceSlice {
+                    uuid: g.uuid.clone(),
+                    memory_mib: mib,
+                    cores: r.cores,
+                });
+            }
+        }
+        if record {
+            out.push(ContainerAssignment {
+                name: c.name.clone(),
+                devices,
+            });
+        }
+    }
+    // Node use after placement: mean over usable GPUs.
+    let (mut sum, mut n) = (0u64, 0u64);
+    for (g, s) in gpus.iter().zip(scratch.iter()) {
+        if g.usable {
+            sum += g.use_permille(s.used_mib, s.used_cores);
+            n += 1;
+        }
+    }
+    let used = sum.checked_div(n).unwrap_or(0);
+    let permille = match pod.node_policy {
+        Policy::Binpack => used,
+        Policy::Spread => 1000 - used.min(1000),
+    };
+    let score = ((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32;
+    Ok((out, score))
+}
+
+#[cfg(test)]
+mod tests;

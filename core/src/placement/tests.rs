@@ -1,0 +1,441 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::request::Memory;
+
+fn dev(uuid: &str, index: u32, model: &str, mib: u64) -> DeviceInfo {
+    DeviceInfo {
+        uuid: uuid.into(),
+        index,
+        model: model.into(),
+        memory_mib: mib,
+        cores: 100,
+        split: 10,
+        numa: None,
+        healthy: true,
+        vendor: String::new(),
+    }
+}
+
+fn node(devs: &[DeviceInfo]) -> NodeGpus {
+    NodeGpus::new(devs.iter().map(Gpu::from_device).collect())
+}
+
+fn a100s(n: u32) -> NodeGpus {
+    let devs: Vec<_> = (0..n)
+        .map(|i| dev(&format!("GPU-{i}"), i, "NVIDIA A100-SXM4-80GB", 81920))
+        .collect();
+    node(&devs)
+}
+
+fn ctr(name: &str, gpus: u32, memory: Memory, cores: u32) -> ContainerRequest {
+    ContainerRequest {
+        name: name.into(),
+        request: VgpuRequest {
+            gpus,
+            memory,
+            cores,
+        },
+    }
+}
+
+fn one(gpus: u32, memory: Memory, cores: u32) -> PodRequest {
+    PodRequest::simple(vec![ctr("main", gpus, memory, cores)])
+}
+
+fn slice(uuid: &str, mib: u64, cores: u32) -> DeviceSlice {
+    DeviceSlice {
+        uuid: uuid.into(),
+        memory_mib: mib,
+        cores,
+    }
+}
+
+fn uuids(a: &[ContainerAssignment]) -> Vec<Vec<&str>> {
+    a.iter()
+        .map(|c| c.devices.iter().map(|d| d.uuid.as_str()).collect())
+        .collect()
+}
+
+fn err(n: &NodeGpus, p: &PodRequest) -> String {
+    place(n, p).unwrap_err().to_string()
+}
+
+#[test]
+fn count_gives_distinct_gpus_and_fails_when_too_few() {
+    let n = a100s(4);
+    let a = place(&n, &one(3, Memory::Mib(1024), 10)).unwrap();
+    let u = &uuids(&a)[0];
+    assert_eq!(u.len(), 3);
+    let mut d = u.clone();
+    d.dedup();
+    assert_eq!(d.len(), 3, "same GPU twice in one container: {u:?}");
+    assert_eq!(
+        a[0].devices[0],
+        DeviceSlice {
+            uuid: u[0].to_string(),
+            memory_mib: 1024,
+            cores: 10
+        }
+    );
+    assert_eq!(
+        err(&n, &one(5, Memory::Mib(1024), 0)),
+        "5 healthy GPUs needed, only 4"
+    );
+    // Two GPUs left with room for 60 GiB: a 3-GPU container cannot use the same one twice.
+    let mut n = a100s(3);
+    n.add(&slice("GPU-0", 40960, 0));
+    assert_eq!(
+        err(&n, &one(3, Memory::Mib(61440), 0)),
+        "3 GPUs with 61440 MiB free needed, only 2 (largest 81920 MiB on GPU-1)"
+    );
+}
+
+#[test]
+fn memory_in_mib_names_the_largest_free_gpu() {
+    let mut n = node(&[
+        dev("GPU-ab12", 0, "NVIDIA T4", 15360),
+        dev("GPU-cd34", 1, "NVIDIA T4", 15360),
+    ]);
+    n.add(&slice("GPU-ab12", 9216, 0));
+    n.add(&slice("GPU-cd34", 12288, 0));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(8192), 0)),
+        "no GPU with 8192 MiB free (largest 6144 MiB on GPU-ab12)"
+    );
+    let a = place(&n, &one(1, Memory::Mib(6144), 0)).unwrap();
+    assert_eq!(uuids(&a), [["GPU-ab12"]]);
+}
+
+#[test]
+fn percentage_resolves_against_the_chosen_card() {
+    let n = node(&[
+        dev("GPU-small", 0, "NVIDIA T4", 16000),
+        dev("GPU-big", 1, "NVIDIA A100", 80000),
+    ]);
+    let a = place(&n, &one(2, Memory::Percent(25), 0)).unwrap();
+    let mut got: Vec<_> = a[0]
+        .devices
+        .iter()
+        .map(|d| (d.uuid.as_str(), d.memory_mib))
+        .collect();
+    got.sort();
+    assert_eq!(got, [("GPU-big", 20000), ("GPU-small", 4000)]);
+    // 60 % of a half-used card does not fit; the message gives the MiB it meant.
+    let mut n = node(&[dev("GPU-a", 0, "NVIDIA T4", 16000)]);
+    n.add(&slice("GPU-a", 8000, 0));
+    assert_eq!(
+        err(&n, &one(1, Memory::Percent(60), 0)),
+        "no GPU with 60% memory (9600 MiB) free (largest 8000 MiB on GPU-a)"
+    );
+    // The default (100 %) takes a whole idle card.
+    let n = a100s(1);
+    assert_eq!(
+        place(&n, &one(1, Memory::Percent(100), 0)).unwrap()[0].devices[0].memory_mib,
+        81920
+    );
+}
+
+#[test]
+fn cores_are_checked_and_zero_needs_some_left() {
+    let mut n = a100s(2);
+    n.add(&slice("GPU-0", 1024, 70));
+    n.add(&slice("GPU-1", 1024, 80));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1024), 40)),
+        "no GPU with 40% cores free (most 30% on GPU-0)"
+    );
+    assert_eq!(
+        uuids(&place(&n, &one(1, Memory::Mib(1024), 30)).unwrap()),
+        [["GPU-0"]]
+    );
+    // All cores placed: not even a 0-core (unlimited) share joins.
+    let mut n = a100s(1);
+    n.add(&slice("GPU-0", 1024, 100 - 1));
+    n.add(&slice("GPU-0", 1024, 1));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1024), 0)),
+        "no GPU with 1% cores free (most 0% on GPU-0)"
+    );
+}
+
+#[test]
+fn exclusive_needs_an_idle_card_and_blocks_it() {
+    let mut n = a100s(2);
+    n.add(&slice("GPU-0", 1024, 0));
+    let a = place(&n, &one(1, Memory::Mib(1024), 100)).unwrap();
+    assert_eq!(uuids(&a), [["GPU-1"]]);
+    assert_eq!(a[0].devices[0].cores, 100);
+    n.add(&a[0].devices[0]);
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1024), 100)),
+        "no GPU idle (gpucores 100 needs a whole card)"
+    );
+    // Nothing else joins an exclusive card, even with memory and cores to spare.
+    let mut n = a100s(1);
+    n.add(&slice("GPU-0", 1024, 100));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1), 0)),
+        "no GPU free of an exclusive (gpucores 100) pod"
+    );
+}
+
+#[test]
+fn split_count_limits_slices() {
+    let mut d = dev("GPU-0", 0, "NVIDIA T4", 15360);
+    d.split = 2;
+    let mut n = node(&[d]);
+    n.add(&slice("GPU-0", 100, 0));
+    assert!(place(&n, &one(1, Memory::Mib(100), 0)).is_ok());
+    n.add(&slice("GPU-0", 100, 0));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(100), 0)),
+        "no GPU below its split count"
+    );
+    // Two containers of one pod: the second sees the first's slice.
+    let mut d = dev("GPU-0", 0, "NVIDIA T4", 15360);
+    d.split = 1;
+    let n = node(&[d]);
+    let pod = PodRequest::simple(vec![
+        ctr("a", 1, Memory::Mib(100), 0),
+        ctr("b", 1, Memory::Mib(100), 0),
+    ]);
+    assert_eq!(
+        err(&n, &pod),
+        "container \"b\": no GPU below its split count"
+    );
+}
+
+#[test]
+fn unhealthy_and_foreign_vendor_gpus_are_skipped() {
+    let mut sick = dev("GPU-0", 0, "NVIDIA T4", 15360);
+    sick.healthy = false;
+    let mut dcu = dev("DCU-1", 1, "Z100", 15360);
+    dcu.vendor = "dcu".into();
+    let n = node(&[sick.clone(), dcu]);
+    assert_eq!(err(&n, &one(1, Memory::Mib(1), 0)), "no healthy GPU");
+    assert_eq!(
+        err(&NodeGpus::default(), &one(1, Memory::Mib(1), 0)),
+        "no GPUs in the node's inventory"
+    );
+    let n = node(&[sick, dev("GPU-1", 1, "NVIDIA T4", 15360)]);
+    assert_eq!(
+        uuids(&place(&n, &one(1, Memory::Mib(1), 0)).unwrap()),
+        [["GPU-1"]]
+    );
+}
+
+fn annotated(pairs: &[(&str, &str)]) -> PodRequest {
+    PodRequest::from_annotations(
+        vec![ctr("main", 1, Memory::Mib(1024), 0)],
+        |k| pairs.iter().find(|(a, _)| *a == k).map(|(_, v)| *v),
+        Policy::Binpack,
+        Policy::Spread,
+    )
+    .unwrap()
+}
+
+#[test]
+fn gpu_type_include_and_exclude_are_case_insensitive_comma_lists() {
+    let n = node(&[
+        dev("GPU-t4", 0, "NVIDIA Tesla T4", 15360),
+        dev("GPU-a100", 1, "NVIDIA A100-SXM4-80GB", 81920),
+        dev("GPU-v100", 2, "Tesla V100-SXM2-32GB", 32768),
+    ]);
+    let pick =
+        |pairs: &[(&str, &str)]| uuids(&place(&n, &annotated(pairs)).unwrap())[0][0].to_string();
+    assert_eq!(pick(&[(USE_GPU_TYPE, "a100")]), "GPU-a100");
+    assert_eq!(pick(&[(USE_GPU_TYPE, " h100 , V100 ")]), "GPU-v100");
+    assert_eq!(
+        pick(&[(USE_GPU_TYPE, "tesla"), (NOUSE_GPU_TYPE, "T4")]),
+        "GPU-v100"
+    );
+    assert_eq!(
+        err(&n, &annotated(&[(USE_GPU_TYPE, "H100,h200")])),
+        "no GPU of type h100,h200 (node has NVIDIA Tesla T4, NVIDIA A100-SXM4-80GB, Tesla V100-SXM2-32GB)"
+    );
+    assert_eq!(
+        err(&n, &annotated(&[(NOUSE_GPU_TYPE, "t4,a100,V100")])),
+        "no GPU not of type t4,a100,v100 (node has NVIDIA Tesla T4, NVIDIA A100-SXM4-80GB, Tesla V100-SXM2-32GB)"
+    );
+    // An empty list allows everything.
+    assert!(place(&n, &annotated(&[(USE_GPU_TYPE, " , ")])).is_ok());
+}
+
+#[test]
+fn gpu_uuid_include_and_exclude() {
+    let n = a100s(3);
+    let pick =
+        |pairs: &[(&str, &str)]| uuids(&place(&n, &annotated(pairs)).unwrap())[0][0].to_string();
+    assert_eq!(pick(&[(USE_GPU_UUID, "gpu-2")]), "GPU-2");
+    assert_eq!(pick(&[(NOUSE_GPU_UUID, "GPU-0,GPU-1")]), "GPU-2");
+    assert_eq!(
+        err(&n, &annotated(&[(USE_GPU_UUID, "GPU-9")])),
+        "no GPU with an allowed UUID"
+    );
+    assert_eq!(
+        err(
+            &n,
+            &annotated(&[(USE_GPU_UUID, "GPU-1"), (NOUSE_GPU_UUID, "GPU-1")])
+        ),
+        "no GPU with an allowed UUID"
+    );
+    // Exact match, not substring: GPU-1 does not allow GPU-10.
+    let n = node(&[dev("GPU-10", 0, "NVIDIA T4", 15360)]);
+    assert_eq!(
+        err(&n, &annotated(&[(USE_GPU_UUID, "GPU-1")])),
+        "no GPU with an allowed UUID"
+    );
+}
+
+#[test]
+fn gpu_policies_pick_fullest_or_emptiest() {
+    let mut n = a100s(3);
+    n.add(&slice("GPU-1", 40960, 50));
+    n.add(&slice("GPU-2", 20480, 0));
+    let pick = |policy: &str| {
+        uuids(&place(&n, &annotated(&[(GPU_POLICY, policy)])).unwrap())[0][0].to_string()
+    };
+    assert_eq!(pick("binpack"), "GPU-1");
+    assert_eq!(pick("Spread"), "GPU-0");
+    // Default (spread) when unset or empty.
+    assert_eq!(pick(""), "GPU-0");
+    // Ties break by index.
+    let n = a100s(4);
+    assert_eq!(
+        uuids(&place(&n, &one(2, Memory::Mib(1), 0)).unwrap()),
+        [["GPU-0", "GPU-1"]]
+    );
+}
+
+#[test]
+fn node_policies_score_fuller_or_emptier_nodes_higher() {
+    let idle = a100s(2);
+    let mut busy = a100s(2);
+    busy.add(&slice("GPU-0", 81920 - 8192, 80));
+    busy.add(&slice("GPU-1", 40960, 50));
+    let score = |n: &NodeGpus, policy: &str| {
+        place_scored(n, &annotated(&[(NODE_POLICY, policy)]))
+            .unwrap()
+            .1
+    };
+    assert!(score(&busy, "binpack") > score(&idle, "binpack"));
+    assert!(score(&busy, "spread") < score(&idle, "spread"));
+    assert_eq!(score(&idle, "spread"), MAX_SCORE);
+    assert_eq!(score(&idle, "binpack"), 0);
+    // Whole card on a 1-GPU node: full.
+    let n = a100s(1);
+    let pod = PodRequest::simple(vec![ctr("m", 1, Memory::Percent(100), 100)]);
+    assert_eq!(place_scored(&n, &pod).unwrap().1, MAX_SCORE);
+}
+
+#[test]
+fn unknown_policy_is_refused_naming_the_annotation() {
+    let e = PodRequest::from_annotations(
+        vec![],
+        |k| (k == NODE_POLICY).then_some("pack"),
+        Policy::Binpack,
+        Policy::Spread,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "annotation hami.io/node-scheduler-policy: \"pack\" is not one of binpack, spread"
+    );
+    assert_eq!("SPREAD".parse::<Policy>(), Ok(Policy::Spread));
+    assert!("x".parse::<Policy>().is_err());
+}
+
+#[test]
+fn containers_share_gpus_within_limits_and_node_counts_are_untouched() {
+    let n = a100s(1);
+    let pod = PodRequest::simple(vec![
+        ctr("a", 1, Memory::Mib(40960), 50),
+        ctr("b", 1, Memory::Mib(40960), 50),
+    ]);
+    let a = place(&n, &pod).unwrap();
+    assert_eq!(uuids(&a), [["GPU-0"], ["GPU-0"]]);
+    assert_eq!(n.gpus()[0].used_mib, 0);
+    let pod = PodRequest::simple(vec![
+        ctr("a", 1, Memory::Mib(40960), 50),
+        ctr("b", 1, Memory::Mib(40961), 0),
+    ]);
+    assert_eq!(
+        err(&n, &pod),
+        "container \"b\": no GPU with 40961 MiB free (largest 40960 MiB on GPU-0)"
+    );
+}
+
+#[test]
+fn nodes_with_more_gpus_than_the_inline_buffer() {
+    let mut n = a100s(20);
+    n.add(&slice("GPU-19", 81920, 0));
+    let a = place(&n, &one(19, Memory::Mib(1024), 0)).unwrap();
+    let mut u = uuids(&a)[0].clone();
+    u.sort();
+    u.dedup();
+    assert_eq!(u.len(), 19);
+    assert!(!u.contains(&"GPU-19"));
+    assert_eq!(
+        err(&n, &one(20, Memory::Mib(1024), 0)),
+        "20 GPUs with 1024 MiB free needed, only 19 (largest 81920 MiB on GPU-0)"
+    );
+}
+
+#[test]
+fn placed_slices_round_trip_through_node_counts() {
+    let mut n = a100s(2);
+    let a = place(&n, &one(2, Memory::Mib(1000), 20)).unwrap();
+    n.add_all(&a);
+    for g in n.gpus() {
+        assert_eq!((g.used_mib, g.used_cores, g.slices), (1000, 20, 1));
+    }
+    assert!(!n.add(&slice("GPU-gone", 1, 1)));
+}
+
+proptest::proptest! {
+    /// Whatever arrives, placing pod after pod never puts more memory, cores or slices on a GPU than
+    /// it has, never the same GPU twice in a container, and an exclusive slice is alone.
+    #[test]
+    fn never_overcommits(
+        cards in proptest::collection::vec((1u64..100_000, 1u32..6), 1..8),
+        pods in proptest::collection::vec((1u32..4, 1u64..60_000, 0u32..101, proptest::bool::ANY, 1u32..101, proptest::bool::ANY), 1..40),
+    ) {
+        let devs: Vec<_> = cards.iter().enumerate().map(|(i, &(mib, split))| {
+            let mut d = dev(&format!("GPU-{i}"), i as u32, "NVIDIA T4", mib);
+            d.split = split;
+            d
+        }).collect();
+        let mut n = node(&devs);
+        let mut placed: Vec<Vec<DeviceSlice>> = vec![Vec::new(); devs.len()];
+        for (gpus, mib, cores, pct, p, spread) in pods {
+            let memory = if pct { Memory::Percent(p) } else { Memory::Mib(mib) };
+            let mut pod = one(gpus, memory, cores);
+            pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
+            let scored = score(&n, &pod).ok();
+            let placed_now = place_scored(&n, &pod).ok();
+            proptest::prop_assert_eq!(scored, placed_now.as_ref().map(|(_, s)| *s));
+            if let Some((a, _)) = placed_now {
+                let u = &uuids(&a)[0];
+                let mut d = u.clone();
+                d.sort();
+                d.dedup();
+                proptest::prop_assert_eq!(d.len(), u.len());
+                for s in &a[0].devices {
+                    let i = n.gpus().iter().position(|g| g.uuid == s.uuid).unwrap();
+                    placed[i].push(s.clone());
+                }
+                n.add_all(&a);
+            }
+        }
+        for (g, slices) in n.gpus().iter().zip(&placed) {
+            proptest::prop_assert!(g.used_mib <= g.memory_mib);
+            proptest::prop_assert!(slices.len() as u32 <= g.split);
+            if slices.iter().any(|s| s.cores >= EXCLUSIVE_CORES) {
+                proptest::prop_assert_eq!(slices.len(), 1);
+            } else {
+                proptest::prop_assert!(g.used_cores <= g.cores);
+            }
+        }
+    }
+}

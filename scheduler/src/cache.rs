@@ -1,0 +1,675 @@
+//! What the extender knows about the cluster: each node's GPUs (from the device plugin's inventory
+//! annotation and heartbeat) and what is placed on them (from vGPU pods' assignment annotations,
+//! plus the pods it has *assumed*: chosen in a bind call but not yet seen back from the API).
+//!
+//! The assume step works like kube-scheduler's own assume cache. kube-scheduler binds one pod while
+//! it already filters the next, and the pod watch shows our assignment only a moment after we
+//! write it; without the assumption the next filter would see the GPUs as still free. A bind
+//! re-checks the chosen node under the write lock and records the assumption before any API call,
+//! so two pods in flight can never be given the same capacity: the second finds it taken. An
+//! assumption ends when the watch shows the pod with its assignment (the pod's own entry then
+//! counts), when the pod is deleted, when the bind fails (rolled back), or after a time limit
+//! (the pod was never seen again).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::{Duration, Instant};
+
+use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
+use vgpu_core::inventory::{DeviceInfo, NodeInventory};
+use vgpu_core::placement::{self, Gpu, NodeGpus, PodRequest};
+
+/// The Fx hash (rustc's): a multiply-rotate over 8-byte words, several times faster than SipHash
+/// on short keys like node names. Not DoS-resistant, which is fine for keys that come from the
+/// cluster's own Node objects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by node name with [`FxHasher`].
+type NodeMap<V> = HashMap<String, V, BuildHasherDefault<FxHasher>>;
+
+/// A hash of a sequence of node names (to recognise the list a filter answered).
+pub fn names_hash<'a>(names: impl IntoIterator<Item = &'a str>) -> u64 {
+    let mut h = FxHasher::default();
+    for n in names {
+        h.write(n.as_bytes());
+        h.write(&[0xff]);
+    }
+    h.finish()
+}
+
+/// How the node's inventory looks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Inventory {
+    /// No Node object seen (only pods that name it).
+    Unseen,
+    /// The Node has no inventory annotation.
+    Missing,
+    /// The annotation cannot be read.
+    Bad(String),
+    /// The devices.
+    Devices(Vec<DeviceInfo>),
+}
+
+/// The heartbeat annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Heartbeat {
+    Missing,
+    Bad(String),
+    At(u64),
+}
+
+#[derive(Debug, Clone)]
+struct NodeEntry {
+    inventory: Inventory,
+    heartbeat: Heartbeat,
+    /// Devices with usage counted, rebuilt on every change to the node or its pods.
+    gpus: NodeGpus,
+    /// UIDs of pods placed here.
+    pods: HashSet<String>,
+}
+
+impl NodeEntry {
+    fn unseen() -> NodeEntry {
+        NodeEntry {
+            inventory: Inventory::Unseen,
+            heartbeat: Heartbeat::Missing,
+            gpus: NodeGpus::default(),
+            pods: HashSet::new(),
+        }
+    }
+}
+
+/// A pod's GPUs on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placed {
+    node: String,
+    containers: Vec<ContainerAssignment>,
+    /// When it was assumed; `None` once the watch shows it.
+    assumed: Option<Instant>,
+}
+
+/// Counts of nodes by state, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeCounts {
+    /// Inventory and a fresh heartbeat.
+    pub ready: u64,
+    /// Heartbeat missing or too old.
+    pub stale: u64,
+    /// No readable inventory.
+    pub no_inventory: u64,
+}
+
+/// One GPU as exported in metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReport {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Device memory, MiB.
+    pub memory_mib: u64,
+    /// Placed memory, MiB.
+    pub used_mib: u64,
+    /// Cores, percent.
+    pub cores: u32,
+    /// Placed cores, percent.
+    pub used_cores: u32,
+    /// Healthy.
+    pub healthy: bool,
+}
+
+/// The cluster as the extender sees it.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: NodeMap<NodeEntry>,
+    pods: HashMap<String, Placed>,
+    assumed: HashMap<String, Instant>,
+    heartbeat_timeout: Duration,
+    assume_ttl: Duration,
+}
+
+impl Cluster {
+    /// An empty cluster; nodes whose heartbeat is older than `heartbeat_timeout` are left out, and
+    /// an assumed pod not seen from the API within `assume_ttl` is forgotten.
+    pub fn new(heartbeat_timeout: Duration, assume_ttl: Duration) -> Cluster {
+        Cluster {
+            nodes: NodeMap::default(),
+            pods: HashMap::new(),
+            assumed: HashMap::new(),
+            heartbeat_timeout,
+            assume_ttl,
+        }
+    }
+
+    fn rebuild(&mut self, name: &str) {
+        let Some(entry) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let mut gpus = match &entry.inventory {
+            Inventory::Devices(d) => NodeGpus::new(d.iter().map(Gpu::from_device).collect()),
+            _ => NodeGpus::default(),
+        };
+        for uid in &entry.pods {
+            if let Some(p) = self.pods.get(uid) {
+                gpus.add_all(&p.containers);
+            }
+        }
+        entry.gpus = gpus;
+    }
+
+    /// Adds or updates a node from its annotations (`vgpu.io/node-devices`, `vgpu.io/node-heartbeat`).
+    pub fn apply_node(&mut self, name: &str, inventory: Option<&str>, heartbeat: Option<&str>) {
+        let inv = match inventory.map(NodeInventory::decode) {
+            None => Inventory::Missing,
+            Some(Ok(i)) => Inventory::Devices(i.devices),
+            Some(Err(e)) => Inventory::Bad(e.to_string()),
+        };
+        let hb = match heartbeat.map(vgpu_core::time::parse_rfc3339) {
+            None => Heartbeat::Missing,
+            Some(Ok(t)) => Heartbeat::At(t),
+            Some(Err(e)) => Heartbeat::Bad(e.to_string()),
+        };
+        let entry = self
+            .nodes
+            .entry(name.to_string())
+            .or_insert_with(NodeEntry::unseen);
+        let changed = entry.inventory != inv;
+        entry.inventory = inv;
+        entry.heartbeat = hb;
+        if changed {
+            self.rebuild(name);
+        }
+    }
+
+    /// Forgets a node (its pods stay counted, should it come back).
+    pub fn delete_node(&mut self, name: &str) {
+        if let Some(e) = self.nodes.get_mut(name) {
+            if e.pods.is_empty() {
+                self.nodes.remove(name);
+            } else {
+                e.inventory = Inventory::Unseen;
+                e.heartbeat = Heartbeat::Missing;
+                e.gpus = NodeGpus::default();
+            }
+        }
+    }
+
+    fn unplace(&mut self, uid: &str) -> Option<Placed> {
+        let old = self.pods.remove(uid)?;
+        if let Some(e) = self.nodes.get_mut(&old.node) {
+            e.pods.remove(uid);
+        }
+        self.rebuild(&old.node);
+        Some(old)
+    }
+
+    fn place_entry(&mut self, uid: &str, p: Placed) {
+        let node = p.node.clone();
+        self.pods.insert(uid.to_string(), p);
+        self.nodes
+            .entry(node.clone())
+            .or_insert_with(NodeEntry::unseen)
+            .pods
+            .insert(uid.to_string());
+        self.rebuild(&node);
+    }
+
+    /// Adds or updates a pod from the watch: `assignment` is its decoded annotation (if any), `node`
+    /// its `spec.nodeName`; a finished pod frees its GPUs.
+    pub fn apply_pod(
+        &mut self,
+        uid: &str,
+        node: Option<&str>,
+        assignment: Option<PodAssignment>,
+        terminal: bool,
+    ) {
+        let placed = match assignment {
+            Some(a) if !terminal => {
+                let node = node
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(&a.node)
+                    .to_string();
+                Some(Placed {
+                    node,
+                    containers: a.containers,
+                    assumed: None,
+                })
+            }
+            _ => None,
+        };
+        match placed {
+            Some(p) => {
+                self.assumed.remove(uid);
+                if self.pods.get(uid) != Some(&p) {
+                    self.unplace(uid);
+                    self.place_entry(uid, p);
+                }
+            }
+            // Not placed (yet): an assumption stands until its own write shows up.
+            None if !terminal && self.assumed.contains_key(uid) => {}
+            None => {
+                self.assumed.remove(uid);
+                self.unplace(uid);
+            }
+        }
+    }
+
+    /// Forgets a deleted pod.
+    pub fn delete_pod(&mut self, uid: &str) {
+        self.assumed.remove(uid);
+        self.unplace(uid);
+    }
+
+    /// After a relist: every pod not in `seen` that is not assumed is gone.
+    pub fn retain_pods(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !seen.contains(*uid) && !self.assumed.contains_key(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.unplace(&uid);
+        }
+    }
+
+    /// After a relist: every node not in `seen` is gone.
+    pub fn retain_nodes(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(n, e)| !seen.contains(*n) && e.inventory != Inventory::Unseen)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            self.delete_node(&n);
+        }
+    }
+
+    /// Why the node cannot take vGPU pods at all, if it cannot; `now` is Unix seconds.
+    fn unusable(&self, name: &str, e: &NodeEntry, now: u64) -> Option<String> {
+        match &e.inventory {
+            Inventory::Unseen => {
+                return Some(format!("{name}: not known to the vGPU extender (no Node object seen)"))
+            }
+            Inventory::Missing => {
+                return Some(format!(
+                    "{name}: no vGPU inventory (annotation {} missing; is the device plugin running there?)",
+                    vgpu_core::annotations::NODE_DEVICES
+                ))
+            }
+            Inventory::Bad(err) => return Some(format!("{name}: {err}")),
+            Inventory::Devices(_) => {}
+        }
+        match e.heartbeat {
+            Heartbeat::Missing => Some(format!(
+                "{name}: no device-plugin heartbeat (annotation {})",
+                vgpu_core::annotations::NODE_HEARTBEAT
+            )),
+            Heartbeat::Bad(ref err) => Some(format!(
+                "{name}: annotation {}: {err}",
+                vgpu_core::annotations::NODE_HEARTBEAT
+            )),
+            Heartbeat::At(t) => {
+                let age = now.saturating_sub(t);
+                (age > self.heartbeat_timeout.as_secs()).then(|| {
+                    format!(
+                        "{name}: device-plugin heartbeat is {age}s old (limit {}s)",
+                        self.heartbeat_timeout.as_secs()
+                    )
+                })
+            }
+        }
+    }
+
+    /// Whether `pod` fits on node `name` now, with its placement and score, or the message for
+    /// kube-scheduler (`node-7: no GPU with …`).
+    pub fn check(
+        &self,
+        name: &str,
+        pod: &PodRequest,
+        now: u64,
+    ) -> Result<(Vec<ContainerAssignment>, u32), String> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(format!(
+                "{name}: not known to the vGPU extender (no Node object seen)"
+            ));
+        };
+        if let Some(why) = self.unusable(name, e, now) {
+            return Err(why);
+        }
+        placement::place_scored(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
+    }
+
+    /// Whether `pod` fits on node `name` now, and its score, or the message; the same decision as
+    /// [`Cluster::check`] without building the placement.
+    pub fn score(&self, name: &str, pod: &PodRequest, now: u64) -> Result<u32, String> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(format!(
+                "{name}: not known to the vGPU extender (no Node object seen)"
+            ));
+        };
+        if let Some(why) = self.unusable(name, e, now) {
+            return Err(why);
+        }
+        placement::score(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
+    }
+
+    /// Places `pod` (uid `uid`) on `node` and records the assumption; fails, changing nothing, when
+    /// it does not fit there any more. A previous placement of the same pod is replaced.
+    pub fn assume(
+        &mut self,
+        uid: &str,
+        node: &str,
+        pod: &PodRequest,
+        now: u64,
+        at: Instant,
+    ) -> Result<PodAssignment, String> {
+        self.expire(at);
+        let previous = self.unplace(uid);
+        match self.check(node, pod, now) {
+            Ok((containers, _)) => {
+                self.assumed.insert(uid.to_string(), at);
+                self.place_entry(
+                    uid,
+                    Placed {
+                        node: node.to_string(),
+                        containers: containers.clone(),
+                        assumed: Some(at),
+                    },
+                );
+                Ok(PodAssignment::new(node, containers))
+            }
+            Err(e) => {
+                if let Some(p) = previous {
+                    self.place_entry(uid, p);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops a pod's placement after its bind failed and was rolled back (whether or not the
+    /// watch has already shown the annotation that was written).
+    pub fn forget(&mut self, uid: &str) {
+        self.assumed.remove(uid);
+        self.unplace(uid);
+    }
+
+    /// Forgets assumptions older than the time limit; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let ttl = self.assume_ttl;
+        let old: Vec<String> = self
+            .assumed
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) > ttl)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in &old {
+            tracing::warn!(%uid, "assumed pod never seen with its assignment; forgetting it");
+            self.assumed.remove(uid);
+            self.unplace(uid);
+        }
+        old.len()
+    }
+
+    /// Number of assumed pods.
+    pub fn assumed(&self) -> usize {
+        self.assumed.len()
+    }
+
+    /// Number of pods counted (assumed or seen).
+    pub fn placed_pods(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Node counts by state; `now` is Unix seconds.
+    pub fn node_counts(&self, now: u64) -> NodeCounts {
+        let mut c = NodeCounts::default();
+        for (name, e) in &self.nodes {
+            match (&e.inventory, self.unusable(name, e, now)) {
+                (Inventory::Unseen, _) => {}
+                (Inventory::Missing | Inventory::Bad(_), _) => c.no_inventory += 1,
+                (Inventory::Devices(_), Some(_)) => c.stale += 1,
+                (Inventory::Devices(_), None) => c.ready += 1,
+            }
+        }
+        c
+    }
+
+    /// Every GPU with its placed totals.
+    pub fn gpus(&self) -> Vec<GpuReport> {
+        let mut out = Vec::new();
+        for (name, e) in &self.nodes {
+            for g in e.gpus.gpus() {
+                out.push(GpuReport {
+                    node: name.clone(),
+                    uuid: g.uuid.clone(),
+                    memory_mib: g.memory_mib,
+                    used_mib: g.used_mib,
+                    cores: g.cores,
+                    used_cores: g.used_cores,
+                    healthy: g.usable,
+                });
+            }
+        }
+        out
+    }
+
+    /// The GPUs of one node with usage, for tests and diagnostics.
+    pub fn node_gpus(&self, name: &str) -> Option<&NodeGpus> {
+        self.nodes.get(name).map(|e| &e.gpus)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use vgpu_core::assignment::DeviceSlice;
+    use vgpu_core::placement::ContainerRequest;
+    use vgpu_core::request::{Memory, VgpuRequest};
+    use vgpu_core::time::format_rfc3339;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn inventory(gpus: &[(&str, u64)]) -> String {
+        NodeInventory::new(
+            gpus.iter()
+                .enumerate()
+                .map(|(i, (uuid, mib))| DeviceInfo {
+                    uuid: uuid.to_string(),
+                    index: i as u32,
+                    model: "NVIDIA T4".into(),
+                    memory_mib: *mib,
+                    cores: 100,
+                    split: 10,
+                    numa: None,
+                    healthy: true,
+                    vendor: String::new(),
+                })
+                .collect(),
+        )
+        .encode()
+    }
+
+    fn cluster() -> Cluster {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW - 10);
+        c.apply_node("n1", Some(&inventory(&[("GPU-a", 8192)])), Some(&hb));
+        c
+    }
+
+    fn mib(m: u64) -> PodRequest {
+        PodRequest::simple(vec![ContainerRequest {
+            name: "main".into(),
+            request: VgpuRequest {
+                gpus: 1,
+                memory: Memory::Mib(m),
+                cores: 0,
+            },
+        }])
+    }
+
+    fn assignment(node: &str, uuid: &str, m: u64) -> PodAssignment {
+        PodAssignment::new(
+            node,
+            vec![ContainerAssignment {
+                name: "main".into(),
+                devices: vec![DeviceSlice {
+                    uuid: uuid.into(),
+                    memory_mib: m,
+                    cores: 0,
+                }],
+            }],
+        )
+    }
+
+    #[test]
+    fn stale_missing_and_unknown_nodes_fail_with_reasons() {
+        let mut c = cluster();
+        assert!(c.check("n1", &mib(1), NOW).is_ok());
+        assert_eq!(
+            c.check("n1", &mib(1), NOW + 100).unwrap_err(),
+            "n1: device-plugin heartbeat is 110s old (limit 60s)"
+        );
+        c.apply_node("n2", None, None);
+        assert!(c
+            .check("n2", &mib(1), NOW)
+            .unwrap_err()
+            .starts_with("n2: no vGPU inventory (annotation vgpu.io/node-devices missing"));
+        c.apply_node("n3", Some(&inventory(&[("GPU-x", 1)])), None);
+        assert_eq!(
+            c.check("n3", &mib(1), NOW).unwrap_err(),
+            "n3: no device-plugin heartbeat (annotation vgpu.io/node-heartbeat)"
+        );
+        c.apply_node("n4", Some("{"), None);
+        assert!(c
+            .check("n4", &mib(1), NOW)
+            .unwrap_err()
+            .starts_with("n4: annotation vgpu.io/node-devices is not valid"));
+        assert_eq!(
+            c.check("zz", &mib(1), NOW).unwrap_err(),
+            "zz: not known to the vGPU extender (no Node object seen)"
+        );
+        assert_eq!(
+            c.node_counts(NOW),
+            NodeCounts {
+                ready: 1,
+                stale: 1,
+                no_inventory: 2
+            }
+        );
+    }
+
+    #[test]
+    fn pods_count_and_finished_or_deleted_pods_free_their_gpus() {
+        let mut c = cluster();
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 6144)),
+            false,
+        );
+        assert_eq!(
+            c.check("n1", &mib(4096), NOW).unwrap_err(),
+            "n1: no GPU with 4096 MiB free (largest 2048 MiB on GPU-a)"
+        );
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 6144)),
+            true,
+        );
+        assert!(c.check("n1", &mib(4096), NOW).is_ok());
+        c.apply_pod("u2", None, Some(assignment("n1", "GPU-a", 6144)), false);
+        assert!(c.check("n1", &mib(4096), NOW).is_err());
+        c.delete_pod("u2");
+        assert!(c.check("n1", &mib(4096), NOW).is_ok());
+        // A pod seen before its node: counted once the node appears.
+        c.apply_pod(
+            "u3",
+            Some("n9"),
+            Some(assignment("n9", "GPU-z", 8000)),
+            false,
+        );
+        c.apply_node(
+            "n9",
+            Some(&inventory(&[("GPU-z", 8192)])),
+            Some(&format_rfc3339(NOW)),
+        );
+        assert!(c.check("n9", &mib(1024), NOW).is_err());
+        assert_eq!(c.placed_pods(), 1);
+    }
+
+    #[test]
+    fn assumptions_hold_capacity_until_seen_forgotten_or_expired() {
+        let mut c = cluster();
+        let t0 = Instant::now();
+        let a = c.assume("u1", "n1", &mib(6144), NOW, t0).unwrap();
+        assert_eq!(a.containers[0].devices[0].uuid, "GPU-a");
+        // A second pod in flight does not get the same memory.
+        assert_eq!(
+            c.assume("u2", "n1", &mib(6144), NOW, t0).unwrap_err(),
+            "n1: no GPU with 6144 MiB free (largest 2048 MiB on GPU-a)"
+        );
+        // The watch shows u1 before our patch: the assumption stands.
+        c.apply_pod("u1", None, None, false);
+        assert!(c.check("n1", &mib(4096), NOW).is_err());
+        // ... and then with it: counted once, not twice.
+        c.apply_pod("u1", Some("n1"), Some(a), false);
+        assert_eq!(c.assumed(), 0);
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 6144);
+        // Rollback frees the capacity.
+        c.delete_pod("u1");
+        c.assume("u3", "n1", &mib(6144), NOW, t0).unwrap();
+        c.forget("u3");
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 0);
+        // Expiry.
+        c.assume("u4", "n1", &mib(6144), NOW, t0).unwrap();
+        assert_eq!(c.expire(t0 + Duration::from_secs(301)), 1);
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 0);
+        // Re-assuming the same pod replaces its own previous placement.
+        c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
+        c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 6144);
+    }
+
+    #[test]
+    fn relists_drop_what_is_gone_but_keep_assumptions() {
+        let mut c = cluster();
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 1000)),
+            false,
+        );
+        c.assume("u2", "n1", &mib(1000), NOW, Instant::now())
+            .unwrap();
+        c.retain_pods(&HashSet::new());
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 1000);
+        assert_eq!(c.assumed(), 1);
+        c.retain_nodes(&HashSet::new());
+        assert!(c.check("n1", &mib(1), NOW).is_err());
+        assert_eq!(c.gpus().len(), 0);
+    }
+}

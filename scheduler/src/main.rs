@@ -1,0 +1,95 @@
+//! `vgpu-scheduler`: parses flags, connects to the API server, starts the watches and serves the
+//! extender and metrics listeners until SIGTERM or Ctrl-C.
+
+use anyhow::Context;
+use clap::Parser;
+use std::sync::Arc;
+use vgpu_scheduler::cli::{Cli, LogFormat};
+use vgpu_scheduler::server::{extender_app, metrics_app, AppState};
+use vgpu_scheduler::watch;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    // One crypto provider for the whole process (kube's client uses ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let config = match &cli.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not in a cluster")?,
+    };
+    let client = kube::Client::try_from(config).context("building the API client")?;
+    let state = Arc::new(AppState::new(cli.settings(), Some(client.clone())));
+    tokio::spawn(watch::nodes(client.clone(), state.clone()));
+    tokio::spawn(watch::pods(client, state.clone()));
+
+    let api = tokio::net::TcpListener::bind(cli.listen)
+        .await
+        .with_context(|| format!("listening on {}", cli.listen))?;
+    let metrics = tokio::net::TcpListener::bind(cli.metrics_listen)
+        .await
+        .with_context(|| format!("listening on {}", cli.metrics_listen))?;
+    tracing::info!(addr = %api.local_addr()?, scheduler = %cli.scheduler_name,
+        node_policy = %cli.node_policy, gpu_policy = %cli.gpu_policy, "extender listening");
+    tracing::info!(addr = %metrics.local_addr()?, "metrics listening");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let serve_api = axum::serve(api, extender_app(state.clone()))
+        .with_graceful_shutdown(until(stop_rx.clone()));
+    let serve_metrics =
+        axum::serve(metrics, metrics_app(state)).with_graceful_shutdown(until(stop_rx));
+    let (a, m) = tokio::join!(serve_api, serve_metrics);
+    a.context("serving the extender API")?;
+    m.context("serving metrics")?;
+    Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,417 @@
+//! The real `vgpu-scheduler` binary against the fake API server (through a kubeconfig, so kube-rs
+//! runs its real list/watch, patch and subresource code), driven the way kube-scheduler drives an
+//! extender: `POST /filter`, `/prioritize`, `/bind` with extender v1 JSON over plain HTTP.
+//!
+//! Covers: inventory and heartbeat from node annotations (stale and missing nodes left out with a
+//! reason), usage from vGPU pods' assignment annotations, bind writing the assignment then the
+//! Binding, rollback when either API call fails, two pods in flight never given the same memory,
+//! capacity freed when a pod is deleted, and `/metrics` through promtool.
+
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+use vgpu_core::annotations::{ASSIGNMENT, MANAGED_LABEL, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::assignment::PodAssignment;
+use vgpu_core::inventory::{DeviceInfo, NodeInventory};
+use vgpu_core::time::format_rfc3339;
+use vgpu_fake_apiserver::FakeApiServer;
+use vgpu_tests::process::Running;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn node(name: &str, gpus: &[(&str, u64)], heartbeat: Option<u64>) -> Value {
+    let inv = NodeInventory::new(
+        gpus.iter()
+            .enumerate()
+            .map(|(i, (uuid, mib))| DeviceInfo {
+                uuid: uuid.to_string(),
+                index: i as u32,
+                model: "NVIDIA A10".into(),
+                memory_mib: *mib,
+                cores: 100,
+                split: 10,
+                numa: None,
+                healthy: true,
+                vendor: String::new(),
+            })
+            .collect(),
+    );
+    let mut ann = json!({NODE_DEVICES: inv.encode()});
+    if let Some(t) = heartbeat {
+        ann[NODE_HEARTBEAT] = format_rfc3339(t).into();
+    }
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}})
+}
+
+fn pod(name: &str, mib: u64) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "labels": {MANAGED_LABEL: "true"}},
+        "spec": {"schedulerName": "vgpu-scheduler", "containers": [{"name": "main", "image": "cuda",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}}}]}})
+}
+
+struct Scheduler {
+    proc: Running,
+    api: SocketAddr,
+    metrics: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+fn addr_after(line: &str) -> SocketAddr {
+    line.split("addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+}
+
+/// Starts the real binary on ephemeral ports against `api`, and waits for /readyz.
+async fn start(api: &FakeApiServer, extra: &[&str]) -> Scheduler {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-scheduler"));
+    cmd.args([
+        "--listen=127.0.0.1:0",
+        "--metrics-listen=127.0.0.1:0",
+        "--scheduler-name=vgpu-scheduler",
+        "--node-policy=binpack",
+        "--gpu-policy=spread",
+        "--heartbeat-timeout-seconds=600",
+    ])
+    .args(extra)
+    .arg("--kubeconfig")
+    .arg(&kubeconfig)
+    .env_remove("KUBERNETES_SERVICE_HOST");
+    let mut proc = Running::spawn("vgpu-scheduler", cmd);
+    let api_addr = addr_after(&proc.wait_for_line(WAIT, |l| l.contains("extender listening")));
+    let metrics = addr_after(&proc.wait_for_line(WAIT, |l| l.contains("metrics listening")));
+    vgpu_tests::wait_for_async(WAIT, "/readyz", || async {
+        (http(metrics, "GET", "/readyz", "").await.0 == 200).then_some(())
+    })
+    .await;
+    Scheduler {
+        proc,
+        api: api_addr,
+        metrics,
+        _dir: dir,
+    }
+}
+
+/// One plain HTTP/1.1 request, as kube-scheduler's extender client sends it.
+async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    use http_body_util::{BodyExt, Full};
+    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new());
+    };
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+impl Scheduler {
+    async fn call(&self, verb: &str, body: Value) -> Value {
+        let (status, text) = http(self.api, "POST", verb, &body.to_string()).await;
+        assert_eq!(status, 200, "{verb}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{verb}: {e}: {text}"))
+    }
+
+    async fn filter(&self, api: &FakeApiServer, pod: &str, nodes: &[&str]) -> Value {
+        let p = api.get("v1", "pods", "team-a", pod).unwrap();
+        self.call("/filter", json!({"pod": p, "nodenames": nodes}))
+            .await
+    }
+
+    async fn bind(&self, api: &FakeApiServer, pod: &str, node: &str) -> Value {
+        let p = api.get("v1", "pods", "team-a", pod).unwrap();
+        self.call(
+            "/bind",
+            json!({"podName": pod, "podNamespace": "team-a",
+                "podUID": p["metadata"]["uid"], "node": node}),
+        )
+        .await
+    }
+}
+
+fn assignment(api: &FakeApiServer, pod: &str) -> Option<PodAssignment> {
+    let p = api.get("v1", "pods", "team-a", pod).unwrap();
+    p["metadata"]["annotations"][ASSIGNMENT]
+        .as_str()
+        .map(|s| PodAssignment::decode(s).unwrap())
+}
+
+fn node_name_of(api: &FakeApiServer, pod: &str) -> Option<String> {
+    api.get("v1", "pods", "team-a", pod).unwrap()["spec"]["nodeName"]
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
+    vgpu_tests::binary("vgpu-scheduler");
+    let api = FakeApiServer::start().await.unwrap();
+    let t = now();
+    api.create(node(
+        "gpu-1",
+        &[("GPU-a1", 24576), ("GPU-a2", 24576)],
+        Some(t),
+    ))
+    .unwrap();
+    api.create(node("gpu-small", &[("GPU-ab12", 6144)], Some(t)))
+        .unwrap();
+    api.create(node("gpu-stale", &[("GPU-s", 24576)], Some(t - 3600)))
+        .unwrap();
+    api.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}}))
+        .unwrap();
+    api.create(pod("train", 8192)).unwrap();
+    let s = start(&api, &[]).await;
+
+    let nodes = ["gpu-1", "gpu-small", "gpu-stale", "cpu-only", "unknown"];
+    let r = s.filter(&api, "train", &nodes).await;
+    assert_eq!(r["nodenames"], json!(["gpu-1"]), "{r}");
+    let failed = &r["failedNodes"];
+    assert_eq!(
+        failed["gpu-small"],
+        "gpu-small: no GPU with 8192 MiB free (largest 6144 MiB on GPU-ab12)"
+    );
+    assert!(
+        failed["gpu-stale"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpu-stale: device-plugin heartbeat is 36"),
+        "{failed}"
+    );
+    assert!(failed["cpu-only"]
+        .as_str()
+        .unwrap()
+        .starts_with("cpu-only: no vGPU inventory"));
+    assert_eq!(
+        failed["unknown"],
+        "unknown: not known to the vGPU extender (no Node object seen)"
+    );
+
+    let p = api.get("v1", "pods", "team-a", "train").unwrap();
+    let scores = s
+        .call("/prioritize", json!({"pod": p, "nodenames": ["gpu-1"]}))
+        .await;
+    assert_eq!(scores, json!([{"host": "gpu-1", "score": 1}]));
+
+    api.clear_requests();
+    let b = s.bind(&api, "train", "gpu-1").await;
+    assert_eq!(b, json!({}), "bind failed: {b}");
+    let a = assignment(&api, "train").unwrap();
+    assert_eq!(a.node, "gpu-1");
+    assert_eq!(a.containers.len(), 1);
+    assert_eq!(a.containers[0].name, "main");
+    assert_eq!(a.containers[0].devices[0].memory_mib, 8192);
+    assert_eq!(a.containers[0].devices[0].uuid, "GPU-a1");
+    assert_eq!(node_name_of(&api, "train").as_deref(), Some("gpu-1"));
+    // The annotation is written before the Binding, so the device plugin's Allocate finds it.
+    let writes: Vec<(String, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET")
+        .map(|r| (r.method, r.path))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            (
+                "PATCH".to_string(),
+                "/api/v1/namespaces/team-a/pods/train".to_string()
+            ),
+            (
+                "POST".to_string(),
+                "/api/v1/namespaces/team-a/pods/train/binding".to_string()
+            ),
+        ]
+    );
+
+    // The next pod sees the first one's memory (spread puts it on the other GPU).
+    api.create(pod("second", 20000)).unwrap();
+    s.bind(&api, "second", "gpu-1").await;
+    assert_eq!(
+        assignment(&api, "second").unwrap().containers[0].devices[0].uuid,
+        "GPU-a2"
+    );
+    api.create(pod("third", 20000)).unwrap();
+    let r = s.filter(&api, "third", &["gpu-1"]).await;
+    assert_eq!(
+        r["failedNodes"]["gpu-1"],
+        "gpu-1: no GPU with 20000 MiB free (largest 16384 MiB on GPU-a1)"
+    );
+
+    // A deleted pod frees its GPU once the watch shows it.
+    api.delete("v1", "pods", "team-a", "second").unwrap();
+    vgpu_tests::wait_for_async(WAIT, "capacity freed by deletion", || async {
+        s.filter(&api, "third", &["gpu-1"]).await["nodenames"]
+            .as_array()
+            .is_some_and(|a| a.len() == 1)
+            .then_some(())
+    })
+    .await;
+
+    // A refreshed heartbeat brings the stale node back.
+    api.merge_patch(
+        "v1",
+        "nodes",
+        "",
+        "gpu-stale",
+        &json!({"metadata": {"annotations": {NODE_HEARTBEAT: format_rfc3339(now())}}}),
+    )
+    .unwrap();
+    vgpu_tests::wait_for_async(WAIT, "stale node back", || async {
+        let r = s.filter(&api, "third", &["gpu-stale"]).await;
+        (r["nodenames"] == json!(["gpu-stale"])).then_some(())
+    })
+    .await;
+
+    // Metrics: promtool-clean, and the placement is visible per GPU.
+    let (status, text) = http(s.metrics, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    if let Some(promtool) = crate::metrics::promtool() {
+        assert_eq!(
+            crate::metrics::promtool_complaints(promtool, &text),
+            "",
+            "{text}"
+        );
+    }
+    for want in [
+        r#"vgpu_scheduler_binds_total{result="bound"} 2"#,
+        r#"vgpu_scheduler_requests_total{verb="bind",result="ok"} 2"#,
+        r#"vgpu_device_memory_allocated_bytes{node="gpu-1",uuid="GPU-a1"} 8589934592"#,
+        r#"vgpu_device_memory_limit_bytes{node="gpu-1",uuid="GPU-a1"} 25769803776"#,
+        r#"vgpu_scheduler_nodes{state="no-inventory"} 1"#,
+    ] {
+        assert!(text.contains(want), "missing {want} in:\n{text}");
+    }
+    drop(s.proc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_in_flight_never_get_the_same_memory() {
+    vgpu_tests::binary("vgpu-scheduler");
+    let api = FakeApiServer::start().await.unwrap();
+    api.create(node("n1", &[("GPU-only", 16384)], Some(now())))
+        .unwrap();
+    api.create(pod("a", 12288)).unwrap();
+    api.create(pod("b", 12288)).unwrap();
+    let s = start(&api, &[]).await;
+
+    // Both filters run before either bind: each alone fits.
+    let (fa, fb) = tokio::join!(s.filter(&api, "a", &["n1"]), s.filter(&api, "b", &["n1"]));
+    assert_eq!(fa["nodenames"], json!(["n1"]));
+    assert_eq!(fb["nodenames"], json!(["n1"]));
+    // Binding is slow (API latency): both binds are in flight together.
+    api.delay_matching(
+        Some("POST"),
+        Some("/binding"),
+        2,
+        Duration::from_millis(400),
+    );
+    let (ba, bb) = tokio::join!(s.bind(&api, "a", "n1"), s.bind(&api, "b", "n1"));
+    let errors: Vec<&str> = [&ba, &bb]
+        .iter()
+        .filter_map(|r| r["error"].as_str())
+        .collect();
+    assert_eq!(errors.len(), 1, "exactly one bind must fail: {ba} {bb}");
+    assert_eq!(
+        errors[0],
+        "n1: no GPU with 12288 MiB free (largest 4096 MiB on GPU-only)"
+    );
+    let bound: Vec<&str> = ["a", "b"]
+        .into_iter()
+        .filter(|p| node_name_of(&api, p).is_some())
+        .collect();
+    assert_eq!(bound.len(), 1);
+    let loser = if bound[0] == "a" { "b" } else { "a" };
+    assert!(assignment(&api, loser).is_none());
+    // kube-scheduler retries the loser: the filter now says why.
+    let r = s.filter(&api, loser, &["n1"]).await;
+    assert_eq!(r["nodenames"], json!([]));
+    drop(s.proc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_binding_or_patch_rolls_back() {
+    vgpu_tests::binary("vgpu-scheduler");
+    let api = FakeApiServer::start().await.unwrap();
+    api.create(node("n1", &[("GPU-x", 16384)], Some(now())))
+        .unwrap();
+    api.create(pod("p", 16384)).unwrap();
+    api.create(pod("q", 16384)).unwrap();
+    let s = start(&api, &[]).await;
+
+    // The Binding fails: the annotation is removed again and the GPU is free for the next pod.
+    api.fail_matching(Some("POST"), Some("/binding"), 1, 500);
+    let r = s.bind(&api, "p", "n1").await;
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("creating the binding:"),
+        "{r}"
+    );
+    assert!(assignment(&api, "p").is_none());
+    assert!(node_name_of(&api, "p").is_none());
+    let undo = api
+        .requests()
+        .into_iter()
+        .rfind(|r| r.method == "PATCH")
+        .unwrap();
+    assert!(
+        undo.body.contains(&format!("\"{ASSIGNMENT}\":null")),
+        "{}",
+        undo.body
+    );
+    vgpu_tests::wait_for_async(WAIT, "capacity back after rollback", || async {
+        (s.filter(&api, "q", &["n1"]).await["nodenames"] == json!(["n1"])).then_some(())
+    })
+    .await;
+
+    // The annotation patch fails: no Binding is attempted, nothing is held.
+    api.clear_requests();
+    api.fail_matching(Some("PATCH"), Some("/pods/q"), 1, 409);
+    let r = s.bind(&api, "q", "n1").await;
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("writing the assignment annotation:"),
+        "{r}"
+    );
+    assert!(!api.requests().iter().any(|r| r.path.ends_with("/binding")));
+    // Retried, it binds (the failed attempts held nothing).
+    assert_eq!(s.bind(&api, "q", "n1").await, json!({}));
+    assert_eq!(node_name_of(&api, "q").as_deref(), Some("n1"));
+    let (_, text) = http(s.metrics, "GET", "/metrics", "").await;
+    for want in [
+        r#"vgpu_scheduler_binds_total{result="binding-failed"} 1"#,
+        r#"vgpu_scheduler_binds_total{result="patch-failed"} 1"#,
+        r#"vgpu_scheduler_binds_total{result="bound"} 1"#,
+    ] {
+        assert!(text.contains(want), "missing {want} in:\n{text}");
+    }
+    drop(s.proc);
+}
