@@ -1,1 +1,2 @@
 //! GPU placement: fit, score and policies. To be written with the scheduler.
+pub mod frag;
