@@ -109,7 +109,7 @@ fn main() -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     eprintln!(
-        "vgpu-sim: {} GPU nodes, {} GPUs; {} trace(s) x {} policies x {} seeds on {} threads",
+        "vgpu-sim: {} nodes, {} GPUs; {} trace(s) x {} policies x {} seeds on {} threads",
         cluster.nodes.len(),
         cluster.gpu_count(),
         traces.len(),

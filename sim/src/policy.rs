@@ -11,7 +11,7 @@ use std::str::FromStr;
 use vgpu_core::placement::frag::{fgd_score, FragTable, NodeView, MILLI};
 
 use crate::trace::MAX_GPUS;
-use crate::workload::PodClass;
+use crate::workload::{PodClass, Trace};
 
 /// `MaxSpecCpu` of the published simulator (milli-CPU) used to normalise scores.
 pub const MAX_SPEC_CPU: f64 = 128_000.0;
@@ -235,8 +235,9 @@ pub fn score(
     policy: Policy,
     node: &NodeState,
     c: &PodClass,
-    table: &FragTable,
+    trace: &Trace,
 ) -> Option<(i64, GpuPick)> {
+    let table = &trace.table;
     if !node.fits(c) {
         return None;
     }
@@ -275,7 +276,7 @@ pub fn score(
         Policy::GpuPacking => (gpu_packing(node, c), share_best()),
         Policy::GpuClustering => (gpu_clustering(node, c), share_best()),
         Policy::Fgd => fgd(node, c, table),
-        Policy::Ours => crate::ours::score(node, c, table),
+        Policy::Ours => trace.ours.score(node, c),
     })
 }
 

@@ -59,6 +59,13 @@ pub fn simulate(
     tune: f64,
 ) -> RunResult {
     let table = &trace.table;
+    let frag_of = |st: &NodeState| {
+        if policy == Policy::Ours {
+            trace.ours.fragmentation(st.view(), st.mem_left)
+        } else {
+            table.fragmentation(st.view())
+        }
+    };
     let mut nodes: Vec<NodeState> = cluster
         .nodes
         .iter()
@@ -77,7 +84,7 @@ pub fn simulate(
                 frag: 0.0,
             };
             if policy.uses_fragmentation() {
-                st.frag = table.fragmentation(st.view());
+                st.frag = frag_of(&st);
             }
             st
         })
@@ -121,7 +128,7 @@ pub fn simulate(
         for (i, node) in nodes.iter().enumerate() {
             let e = &mut row[i];
             if e.version != node.version {
-                match score(policy, node, c, table) {
+                match score(policy, node, c, trace) {
                     Some((s, p)) => {
                         *e = Cached {
                             version: node.version,
@@ -188,7 +195,7 @@ pub fn simulate(
                 }
                 node.version += 1;
                 if policy.uses_fragmentation() {
-                    node.frag = table.fragmentation(node.view());
+                    node.frag = frag_of(node);
                 }
                 allocated += s.total_milli();
                 placements.push(Some(i as u32));

@@ -28,18 +28,18 @@ pub struct NodeSpec {
 /// The GPU nodes of a node list.
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    /// Nodes with at least one GPU.
+    /// Nodes.
     pub nodes: Vec<NodeSpec>,
     /// Model names by index.
     pub models: Models,
 }
 
 impl Cluster {
-    /// Build from a node list, keeping GPU nodes only (the published runs use the GPU-node list).
+    /// Build from a node list (CPU-only nodes included: CPU-only pods may land there).
     pub fn new(rows: &[NodeRow]) -> Result<Cluster, TraceError> {
         let mut models = Models::default();
         let mut nodes = Vec::new();
-        for r in rows.iter().filter(|r| r.gpus > 0) {
+        for r in rows {
             nodes.push(NodeSpec {
                 name: r.name.clone(),
                 cpu_milli: r.cpu_milli,
@@ -87,6 +87,8 @@ pub struct Trace {
     pub typical: Vec<TypicalPod>,
     /// The same, compiled.
     pub table: FragTable,
+    /// Model of `ours`.
+    pub ours: crate::ours::Ours,
 }
 
 impl Trace {
@@ -96,6 +98,7 @@ impl Trace {
         let mut classes = Vec::new();
         let mut pods = Vec::with_capacity(rows.len());
         let mut shape_counts: HashMap<PodShape, u64> = HashMap::new();
+        let mut class_counts: HashMap<PodClass, u64> = HashMap::new();
         for r in rows {
             let models = if r.num_gpu == 0 {
                 ModelMask::ANY
@@ -112,20 +115,23 @@ impl Trace {
                 memory_mib: r.memory_mib,
             };
             *shape_counts.entry(class.shape).or_default() += 1;
+            *class_counts.entry(class).or_default() += 1;
             let id = *index.entry(class).or_insert_with(|| {
                 classes.push(class);
                 classes.len() as u32 - 1
             });
             pods.push(id);
         }
-        let typical = typical_pods(shape_counts, TYPICAL_POPULARITY_PCT);
+        let typical = typical_pods(shape_counts.clone(), TYPICAL_POPULARITY_PCT);
         let table = FragTable::new(&typical);
+        let ours = crate::ours::Ours::new(&shape_counts, &class_counts);
         Ok(Trace {
             name: name.to_string(),
             classes,
             pods,
             typical,
             table,
+            ours,
         })
     }
 
