@@ -1,194 +1,102 @@
-//! vgpu's policy (`ours`).
+//! vgpu's policy (`ours`): FGD's fragmentation gradient on a richer node measure, coarsely
+//! bucketed so that near-equal moves pack by node order.
+//!
+//! Node measure `M = F + S + W` (all milli-GPU):
+//! * `F`: FGD's fragmentation against the typical pods (the same 95 % list FGD uses);
+//! * `S`: CPU-stranded GPU, idle GPU beyond what the node's free CPU can serve at the trace's
+//!   average CPU per GPU of GPU pods. FGD only sees CPU through the *next* pod's fit, so it happily
+//!   fills a node's CPU while its GPUs stay idle;
+//! * `W`: each GPU's expected final waste from its free milli under the trace's single-GPU mix
+//!   (a long-run view of share remainders, where `F` looks one pod ahead).
+//!
+//! Score = `floor((M_before - M_after) / 300)`: moves within 300 milli-GPU of the best are
+//! equal, and kube-scheduler's tie-break (smallest node name) then packs them onto the same
+//! nodes, which keeps whole nodes free for multi-GPU and model-constrained pods. A share pod takes
+//! the GPU with the best score, lowest index first.
 
 use std::collections::HashMap;
 
 use vgpu_core::placement::frag::{
-    fgd_score, typical_pods, FragTable, NodeView, PodShape, TypicalPod, MILLI,
+    cpu_stranded, single_gpu_waste, FragTable, NodeView, PodShape, MILLI,
 };
 
 use crate::policy::{GpuPick, NodeState};
-use crate::trace::MAX_GPUS;
 use crate::workload::PodClass;
 
-/// Parameters and compiled typical pods of `ours` for one trace.
+/// Width of a score bucket, milli-GPU of node measure.
+pub const BUCKET_MILLI: f64 = 300.0;
+
+/// `ours` for one trace: typical pods, CPU per GPU and the single-GPU waste table.
 #[derive(Clone, Debug)]
 pub struct Ours {
     table: FragTable,
-    typical: Vec<TypicalPod>,
-    alpha: f64,
-    beta: f64,
-    kappa: f64,
-    /// milli-CPU the GPU workload asks per milli-GPU.
-    cpu_per_gpu: f64,
-    mem_per_gpu: f64,
-    lambda: f64,
-    mu: f64,
-    q: String,
-    tb: String,
+    cpu_per_milli_gpu: f64,
+    waste: Vec<f64>,
 }
 
 impl Ours {
-    /// Build from the trace's shape counts.
-    pub fn new(counts: &HashMap<PodShape, u64>, mem_counts: &HashMap<PodClass, u64>) -> Ours {
-        let v = std::env::var("VGPU_OURS").unwrap_or_default();
-        let get = |k: &str, d: &str| {
-            v.split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(str::to_string))
-                .unwrap_or_else(|| d.to_string())
-        };
-        let pop: f64 = get("pop", "95").parse().unwrap_or(95.0);
-        let typical: Vec<TypicalPod> = typical_pods(counts.iter().map(|(s, n)| (*s, *n)), pop);
+    /// Build from the trace's typical pods and shape counts.
+    pub fn new(table: FragTable, counts: &HashMap<PodShape, u64>) -> Ours {
         let (mut cpu, mut gpu) = (0.0, 0.0);
-        let (mut mem, mut mgpu) = (0.0, 0.0);
-        for (c, n) in mem_counts {
-            if c.shape.num_gpu > 0 {
-                mem += c.memory_mib as f64 * *n as f64;
-                mgpu += c.shape.total_milli() as f64 * *n as f64;
-            }
-        }
-        for (s, n) in counts {
-            if s.num_gpu > 0 {
-                cpu += s.cpu_milli as f64 * *n as f64;
-                gpu += s.total_milli() as f64 * *n as f64;
-            }
-        }
-        let r: f64 = get("r", "1").parse().unwrap_or(1.0);
-        Ours {
-            table: FragTable::new(&typical),
-            typical: typical.clone(),
-            alpha: get("a", "1").parse().unwrap_or(1.0),
-            beta: get("b", "0").parse().unwrap_or(0.0),
-            kappa: get("k", "0").parse().unwrap_or(0.0),
-            cpu_per_gpu: if gpu > 0.0 { r * cpu / gpu } else { 0.0 },
-            lambda: get("l", "1").parse().unwrap_or(0.0),
-            mu: get("m", "0").parse().unwrap_or(0.0),
-            mem_per_gpu: if mgpu > 0.0 { r * mem / mgpu } else { 0.0 },
-            q: get("q", "int"),
-            tb: get("tb", "name"),
-        }
-    }
-
-    /// GPU (milli) the node cannot fill for lack of CPU, at the workload's CPU per GPU.
-    fn stranded(&self, v: NodeView<'_>) -> f64 {
-        if self.cpu_per_gpu <= 0.0 {
-            return 0.0;
-        }
-        (v.idle() as f64 - v.cpu_left as f64 / self.cpu_per_gpu).max(0.0)
-    }
-
-    /// Fill fragmentation: for each typical pod, the idle GPU left over after filling the node
-    /// with as many copies of it as its GPUs and CPU allow.
-    fn fill(&self, v: NodeView<'_>) -> f64 {
-        let idle = v.idle() as f64;
-        if idle == 0.0 {
-            return 0.0;
-        }
-        let mut f = 0.0;
-        for t in &self.typical {
-            let s = &t.shape;
-            if s.gpu_milli == 0 || !s.models.allows(v.model) {
-                f += t.weight * idle;
+        let mut mix: Vec<(u32, f64)> = Vec::new();
+        for (s, &n) in counts {
+            if s.num_gpu == 0 {
                 continue;
             }
-            let gpu_copies: u64 = if s.is_share() {
-                v.gpu_left.iter().map(|&g| u64::from(g / s.gpu_milli)).sum()
-            } else {
-                v.gpu_left.iter().filter(|&&g| g >= MILLI).count() as u64
-                    / u64::from(s.num_gpu.max(1))
-            };
-            let cpu_copies = v.cpu_left.checked_div(s.cpu_milli).unwrap_or(u64::MAX);
-            let copies = gpu_copies.min(cpu_copies);
-            f += t.weight * (idle - (copies * s.total_milli()) as f64).max(0.0);
+            cpu += s.cpu_milli as f64 * n as f64;
+            gpu += s.total_milli() as f64 * n as f64;
+            if s.num_gpu == 1 {
+                match mix.iter_mut().find(|(m, _)| *m == s.gpu_milli) {
+                    Some(e) => e.1 += n as f64,
+                    None => mix.push((s.gpu_milli, n as f64)),
+                }
+            }
         }
-        f
+        mix.sort_by_key(|e| e.0); // deterministic float sums
+        Ours {
+            table,
+            cpu_per_milli_gpu: if gpu > 0.0 { cpu / gpu } else { 0.0 },
+            waste: single_gpu_waste(&mix),
+        }
     }
 
-    /// `ours`' node measure.
-    pub fn fragmentation(&self, v: NodeView<'_>, mem_left: u64) -> f64 {
-        let mut f = if self.alpha != 0.0 {
-            self.alpha * self.table.fragmentation(v)
-        } else {
-            0.0
-        };
-        if self.beta != 0.0 {
-            f += self.beta * self.fill(v);
-        }
-        if self.kappa != 0.0 && self.cpu_per_gpu > 0.0 {
-            f += self.kappa * (v.cpu_left as f64 / self.cpu_per_gpu - v.idle() as f64).max(0.0);
-        }
-        if self.lambda != 0.0 {
-            f += self.lambda * self.stranded(v);
-        }
-        if self.mu != 0.0 && self.mem_per_gpu > 0.0 {
-            f += self.mu * (v.idle() as f64 - mem_left as f64 / self.mem_per_gpu).max(0.0);
-        }
-        f
+    /// The node measure `M`.
+    pub fn measure(&self, v: NodeView<'_>) -> f64 {
+        let w: f64 = v
+            .gpu_left
+            .iter()
+            .map(|&g| self.waste[g.min(MILLI) as usize])
+            .sum();
+        self.table.fragmentation(v) + cpu_stranded(v, self.cpu_per_milli_gpu) + w
     }
 
-    fn after(&self, node: &NodeState, c: &PodClass, gpu: Option<usize>) -> (f64, f64) {
-        let (g, cpu): ([u32; MAX_GPUS], u64) = node.after(c, gpu);
-        let v = NodeView {
+    fn measure_after(&self, node: &NodeState, c: &PodClass, gpu: Option<usize>) -> f64 {
+        let (g, cpu) = node.after(c, gpu);
+        self.measure(NodeView {
             cpu_left: cpu,
             gpu_left: &g[..node.ngpu],
             model: node.model,
-        };
-        (
-            self.fragmentation(v, node.mem_left - c.memory_mib),
-            self.stranded(v),
-        )
+        })
     }
 
-    /// Score of a feasible node.
+    /// Score of a feasible node (`node.frag` holds its current measure).
     pub fn score(&self, node: &NodeState, c: &PodClass) -> (i64, GpuPick) {
-        let before = node.frag;
-        let primary = |after: f64| -> i64 {
-            match self.q.as_str() {
-                "exact" => ((before - after) * 1000.0).round() as i64,
-                _ => fgd_score(before, after),
+        let bucket = |after: f64| ((node.frag - after) / BUCKET_MILLI).floor() as i64;
+        if !c.shape.is_share() {
+            return (bucket(self.measure_after(node, c, None)), GpuPick::None);
+        }
+        let gpus = node.gpus();
+        let mut best: Option<(i64, usize)> = None;
+        for (i, &g) in gpus.iter().enumerate() {
+            // Equal free milli gives the same measure; the first such GPU wins anyway.
+            if g < c.shape.gpu_milli || gpus[..i].contains(&g) {
+                continue;
             }
-        };
-        let (p, pick, strand) = if c.shape.is_share() {
-            let gpus = node.gpus();
-            let mut best: Option<(i64, usize, u32, f64)> = None;
-            for (i, &g) in gpus.iter().enumerate() {
-                if g < c.shape.gpu_milli || gpus[..i].contains(&g) {
-                    continue;
-                }
-                let (f, st) = self.after(node, c, Some(i));
-                let sc = primary(f);
-                let left = g - c.shape.gpu_milli;
-                let better = match best {
-                    None => true,
-                    Some((bs, _, bl, _)) => sc > bs || (sc == bs && self.tb != "name" && left < bl),
-                };
-                if better {
-                    best = Some((sc, i, left, st));
-                }
+            let sc = bucket(self.measure_after(node, c, Some(i)));
+            if best.is_none_or(|b| sc > b.0) {
+                best = Some((sc, i));
             }
-            match best {
-                Some((sc, i, _, st)) => (sc, GpuPick::Index(i as u8), st),
-                None => (0, GpuPick::None, 0.0),
-            }
-        } else {
-            let (f, st) = self.after(node, c, None);
-            (primary(f), GpuPick::None, st)
-        };
-        let secondary: i64 = match self.tb.as_str() {
-            "bestfit" => {
-                let gl = node.gpu_idle() as i64 - c.shape.total_milli() as i64;
-                let cl = node.cpu_left as i64 - c.shape.cpu_milli as i64;
-                SCALE - 1 - (gl * 1_000_000 + cl.min(999_999))
-            }
-            "strand" => SCALE - 1 - (strand * 1000.0) as i64,
-            "strandfit" => {
-                let gl = node.gpu_idle() as i64 - c.shape.total_milli() as i64;
-                SCALE - 1 - ((strand as i64) * 100_000 + gl)
-            }
-            _ => 0,
-        };
-        let _ = MILLI;
-        (p.saturating_mul(SCALE).saturating_add(secondary), pick)
+        }
+        best.map_or((0, GpuPick::None), |(sc, i)| (sc, GpuPick::Index(i as u8)))
     }
 }
-
-const SCALE: i64 = 1 << 40;

@@ -33,7 +33,8 @@ pub enum Policy {
     GpuClustering,
     /// Fragmentation gradient descent (ATC'23), as published.
     Fgd,
-    /// vgpu's policy: FGD with an exact gradient, a look-ahead tie-break and packing.
+    /// vgpu's policy: FGD gradient on fragmentation + CPU-stranded GPU + expected GPU waste,
+    /// bucketed so near-equal moves pack by node order (see [`crate::ours`]).
     Ours,
 }
 
@@ -137,7 +138,7 @@ pub struct NodeState {
     pub kinds: [u32; MAX_GPUS + 1],
     /// Bumped on every change; caches compare it.
     pub version: u32,
-    /// Current fragmentation (kept only for policies that use it).
+    /// Current fragmentation (FGD) or node measure (ours); kept only for those two.
     pub frag: f64,
 }
 
@@ -364,9 +365,4 @@ fn fgd(node: &NodeState, c: &PodClass, table: &FragTable) -> (i64, GpuPick) {
             GpuPick::None,
         )
     }
-}
-
-/// Fragmentation after placing `c` on `node` with the given share GPU (for `ours`).
-pub fn frag_after(node: &NodeState, c: &PodClass, table: &FragTable, gpu: Option<usize>) -> f64 {
-    node.frag_after(table, c, gpu)
 }

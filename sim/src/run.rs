@@ -26,6 +26,8 @@ pub struct RunResult {
     pub failed: usize,
     /// Where each pod went (`None` = failed), in arrival order.
     pub placements: Vec<Option<u32>>,
+    /// Node states when arrival first reached 100 % of capacity (the end state if it never did).
+    pub nodes_at_100: Vec<NodeState>,
 }
 
 impl RunResult {
@@ -61,7 +63,7 @@ pub fn simulate(
     let table = &trace.table;
     let frag_of = |st: &NodeState| {
         if policy == Policy::Ours {
-            trace.ours.fragmentation(st.view(), st.mem_left)
+            trace.ours.measure(st.view())
         } else {
             table.fragmentation(st.view())
         }
@@ -119,6 +121,7 @@ pub fn simulate(
     let mut allocated: u64 = 0;
     let mut failed = 0;
     let mut placements = Vec::with_capacity(arrivals.len());
+    let mut nodes_at_100: Vec<NodeState> = Vec::new();
 
     for &cls_id in arrivals {
         let c = &trace.classes[cls_id as usize];
@@ -205,6 +208,9 @@ pub fn simulate(
                 placements.push(None);
             }
         }
+        if nodes_at_100.is_empty() && arrived >= capacity {
+            nodes_at_100 = nodes.clone();
+        }
         while alloc_pct.len() <= last && arrived * 100 >= alloc_pct.len() as u64 * capacity {
             alloc_pct.push(allocated as f64 * 100.0 / capacity as f64);
         }
@@ -221,5 +227,10 @@ pub fn simulate(
         pods: arrivals.len(),
         failed,
         placements,
+        nodes_at_100: if nodes_at_100.is_empty() {
+            nodes
+        } else {
+            nodes_at_100
+        },
     }
 }

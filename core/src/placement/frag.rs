@@ -279,6 +279,37 @@ impl FragTable {
     }
 }
 
+/// GPU a node cannot fill for lack of CPU: idle milli-GPU beyond what its free CPU can serve
+/// at `cpu_per_milli_gpu` milli-CPU per milli-GPU (the workload's GPU pods' average).
+pub fn cpu_stranded(node: NodeView<'_>, cpu_per_milli_gpu: f64) -> f64 {
+    if cpu_per_milli_gpu <= 0.0 {
+        return 0.0;
+    }
+    (node.idle() as f64 - node.cpu_left as f64 / cpu_per_milli_gpu).max(0.0)
+}
+
+/// Expected final waste of a single GPU by its free milli: `table[r]` for `r` in `0..=1000`.
+///
+/// A GPU with `r` free receives single-GPU pods drawn from `mix` (milli per GPU, weight),
+/// conditioned on fitting, until none fits; `table[r]` is the expected milli left then. Whole-GPU
+/// pods (1000) in the mix make a free GPU's expected waste small; a remainder below the smallest
+/// share is wasted entirely.
+pub fn single_gpu_waste(mix: &[(u32, f64)]) -> Vec<f64> {
+    let mut v = vec![0.0; MILLI as usize + 1];
+    for r in 0..=MILLI as usize {
+        let (mut w, mut acc) = (0.0, 0.0);
+        for &(m, p) in mix {
+            let m = m as usize;
+            if m > 0 && m <= r && p > 0.0 {
+                w += p;
+                acc += p * v[r - m];
+            }
+        }
+        v[r] = if w > 0.0 { acc / w } else { r as f64 };
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +429,34 @@ mod tests {
         assert_eq!(fgd_score(1000.0, 2000.0), 26);
         assert_eq!(fgd_score(1e9, 0.0), 100);
         assert_eq!(fgd_score(0.0, 1e9), 0);
+    }
+
+    #[test]
+    fn stranded_gpu_is_what_cpu_cannot_serve() {
+        let gpus = [1000, 1000, 500];
+        let node = NodeView {
+            cpu_left: 12_000,
+            gpu_left: &gpus,
+            model: 0,
+        };
+        // 12 CPU at 12 milli-CPU per milli-GPU serve 1000 milli of the 2500 idle.
+        assert!((cpu_stranded(node, 12.0) - 1500.0).abs() < 1e-9);
+        assert_eq!(cpu_stranded(node, 1.0), 0.0);
+        assert_eq!(cpu_stranded(node, 0.0), 0.0);
+    }
+
+    #[test]
+    fn single_gpu_waste_table() {
+        // Only 400m pods: 1000 -> 600 -> 200 wasted; 399 wasted entirely; 800 -> 0.
+        let v = single_gpu_waste(&[(400, 1.0)]);
+        assert_eq!(v.len(), 1001);
+        assert_eq!(v[1000], 200.0);
+        assert_eq!(v[399], 399.0);
+        assert_eq!(v[800], 0.0);
+        // Half whole-GPU pods, half 400m: a free GPU wastes (0 + 200) / 2.
+        let v = single_gpu_waste(&[(1000, 1.0), (400, 1.0)]);
+        assert_eq!(v[1000], 100.0);
+        assert_eq!(single_gpu_waste(&[])[700], 700.0);
     }
 
     #[test]
