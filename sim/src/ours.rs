@@ -9,8 +9,8 @@
 //! * `W`: each GPU's expected final waste from its free milli under the trace's single-GPU mix
 //!   (a long-run view of share remainders, where `F` looks one pod ahead).
 //!
-//! Score = `floor((M_before - M_after) / 300)`: moves within 300 milli-GPU of the best are
-//! equal, and kube-scheduler's tie-break (smallest node name) then packs them onto the same
+//! Score = `round((M_before - M_after) / 300)`: moves whose gradients round to the same 300
+//! milli-GPU step are equal, and kube-scheduler's tie-break (smallest node name) then packs them onto the same
 //! nodes, which keeps whole nodes free for multi-GPU and model-constrained pods. A share pod takes
 //! the GPU with the best score, lowest index first.
 
@@ -81,7 +81,7 @@ impl Ours {
 
     /// Score of a feasible node (`node.frag` holds its current measure).
     pub fn score(&self, node: &NodeState, c: &PodClass) -> (i64, GpuPick) {
-        let bucket = |after: f64| ((node.frag - after) / BUCKET_MILLI).floor() as i64;
+        let bucket = |after: f64| ((node.frag - after) / BUCKET_MILLI).round() as i64;
         if !c.shape.is_share() {
             return (bucket(self.measure_after(node, c, None)), GpuPick::None);
         }
