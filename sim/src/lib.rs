@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pub use policy::Policy;
-pub use run::{simulate, RunResult};
+pub use run::{simulate, simulate_with, RunResult};
 pub use workload::{Cluster, Trace};
 
 /// Parse a seed list: `42`, `42-51`, `1,2,7-9`.
@@ -62,6 +62,19 @@ pub fn run_all(
     tune: f64,
     threads: usize,
 ) -> Vec<RunResult> {
+    run_all_with(cluster, traces, policies, seeds, tune, threads, true)
+}
+
+/// [`run_all`] with the score cache on or off (see [`simulate_with`]).
+pub fn run_all_with(
+    cluster: &Cluster,
+    traces: &[Trace],
+    policies: &[Policy],
+    seeds: &[u64],
+    tune: f64,
+    threads: usize,
+    score_cache: bool,
+) -> Vec<RunResult> {
     let capacity = cluster.gpu_capacity();
     let mut jobs = Vec::new();
     let mut workloads = Vec::new();
@@ -84,7 +97,15 @@ pub fn run_all(
                 let Some(&(t, p, seed, w)) = jobs.get(j) else {
                     break;
                 };
-                let r = simulate(cluster, &traces[t], &workloads[w].1, p, seed, tune);
+                let r = simulate_with(
+                    cluster,
+                    &traces[t],
+                    &workloads[w].1,
+                    p,
+                    seed,
+                    tune,
+                    score_cache,
+                );
                 if let Ok(mut s) = slots.lock() {
                     s[j] = Some(r);
                 }

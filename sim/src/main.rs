@@ -9,7 +9,7 @@ use clap::Parser;
 use vgpu_sim::policy::parse_policies;
 use vgpu_sim::report::{self, Published};
 use vgpu_sim::trace::{load_nodes, load_pods, pod_list_path, trace_label};
-use vgpu_sim::{parse_seeds, run_all, Cluster, Trace};
+use vgpu_sim::{parse_seeds, run_all_with, Cluster, Trace};
 
 /// Replay the Alibaba GPU-sharing trace against placement policies (method of the FGD paper,
 /// ATC'23) and report the GPU allocation ratio against arrived GPU request.
@@ -65,6 +65,10 @@ struct Args {
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+
+    /// Rescore every node for every pod (benchmark baseline for the score cache).
+    #[arg(long, hide = true)]
+    no_score_cache: bool,
 }
 
 fn svg_path(base: &Path, trace: &str, several: bool) -> PathBuf {
@@ -118,7 +122,15 @@ fn main() -> Result<()> {
         threads
     );
     let start = Instant::now();
-    let results = run_all(&cluster, &traces, &policies, &seeds, args.tune, threads);
+    let results = run_all_with(
+        &cluster,
+        &traces,
+        &policies,
+        &seeds,
+        args.tune,
+        threads,
+        !args.no_score_cache,
+    );
     let elapsed = start.elapsed();
 
     if let Some(path) = &args.csv {

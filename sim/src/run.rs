@@ -60,6 +60,20 @@ pub fn simulate(
     seed: u64,
     tune: f64,
 ) -> RunResult {
+    simulate_with(cluster, trace, arrivals, policy, seed, tune, true)
+}
+
+/// [`simulate`], optionally without the per-(class, node) score cache (every node is rescored
+/// for every pod; for benchmarking the cache, results are identical).
+pub fn simulate_with(
+    cluster: &Cluster,
+    trace: &Trace,
+    arrivals: &[u32],
+    policy: Policy,
+    seed: u64,
+    tune: f64,
+    score_cache: bool,
+) -> RunResult {
     let table = &trace.table;
     let frag_of = |st: &NodeState| {
         if policy == Policy::Ours {
@@ -130,7 +144,7 @@ pub fn simulate(
         let mut feasible = 0u64;
         for (i, node) in nodes.iter().enumerate() {
             let e = &mut row[i];
-            if e.version != node.version {
+            if e.version != node.version || !score_cache {
                 match score(policy, node, c, trace) {
                     Some((s, p)) => {
                         *e = Cached {
