@@ -31,6 +31,29 @@ fn ffd(mut shares: Vec<u32>) -> (u64, u64) {
     (used, used * 1000 - free)
 }
 
+/// Online best fit in the same relaxation: pods in arrival order, a share pod on the GPU with the
+/// least room that fits, whole-GPU pods on free GPUs; a pod fails when nothing fits. Returns milli
+/// allocated.
+fn online_best_fit(pods: &[(u32, u32)], gpus: u64) -> u64 {
+    // free[h] = GPUs with exactly h milli free.
+    let mut free = vec![0u64; 1001];
+    free[1000] = gpus;
+    let mut alloc = 0;
+    for &(milli, num) in pods {
+        if milli < 1000 {
+            if let Some(h) = (milli as usize..=1000).find(|&h| free[h] > 0) {
+                free[h] -= 1;
+                free[h - milli as usize] += 1;
+                alloc += u64::from(milli);
+            }
+        } else if free[1000] >= u64::from(num) {
+            free[1000] -= u64::from(num);
+            alloc += 1000 * u64::from(num);
+        }
+    }
+    alloc
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(
@@ -46,13 +69,17 @@ fn main() -> anyhow::Result<()> {
     let t = Trace::new(&list, &pods, &mut cluster)?;
     let cap = cluster.gpu_capacity();
     let gpus = cluster.gpu_count();
-    let (mut sum_a, mut sum_b, mut sum_u) = (0.0, 0.0, 0.0);
-    println!("seed  all-shares-placed  upper-bound  dropping-some-810m");
+    let (mut sum_a, mut sum_b, mut sum_u, mut sum_o) = (0.0, 0.0, 0.0, 0.0);
+    println!("seed  online-best-fit  all-shares-placed  upper-bound  dropping-some-810m");
     for &seed in &seeds {
         let (mut arrived, mut whole, mut shares) = (0u64, 0u64, Vec::new());
+        let mut seq = Vec::new();
         for &c in &t.arrivals(cap, 1.3, seed) {
             let s = t.classes[c as usize].shape;
             arrived += s.total_milli();
+            if s.num_gpu > 0 {
+                seq.push((s.gpu_milli, s.num_gpu));
+            }
             if s.is_share() {
                 shares.push(s.gpu_milli);
             } else {
@@ -129,14 +156,17 @@ fn main() -> anyhow::Result<()> {
         }
         let pct = |x: u64| x as f64 * 100.0 / cap as f64;
         let (pa, pb, pu) = (pct(a), pct(b), pct(ub));
+        let po = pct(online_best_fit(&seq, gpus));
+        sum_o += po;
         sum_u += pu;
         sum_a += pa;
         sum_b += pb;
-        println!("{seed:4}  {pa:17.2}  {pu:11.2}  {pb:18.2}");
+        println!("{seed:4}  {po:15.2}  {pa:17.2}  {pu:11.2}  {pb:18.2}");
     }
     let n = seeds.len().max(1) as f64;
     println!(
-        "mean  {:17.2}  {:11.2}  {:18.2}",
+        "mean  {:15.2}  {:17.2}  {:11.2}  {:18.2}",
+        sum_o / n,
         sum_a / n,
         sum_u / n,
         sum_b / n
