@@ -20,6 +20,8 @@
 //! Policies (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`, HAMi-compatible):
 //! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used.
 
+pub mod frag;
+
 use std::fmt;
 
 use thiserror::Error;

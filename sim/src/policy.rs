@@ -1,0 +1,368 @@
+//! Placement policies: the published simulator's baselines, FGD, and ours.
+//!
+//! Each policy scores one feasible node for one pod class and names the GPU a share pod would
+//! take; the simulator keeps the highest score and breaks ties uniformly at random, as
+//! kube-scheduler's `selectHost` does. Scores depend only on the node and the class, so they are
+//! cached per (class, node) and recomputed only when the node changed.
+
+use std::fmt;
+use std::str::FromStr;
+
+use vgpu_core::placement::frag::{fgd_score, FragTable, NodeView, MILLI};
+
+use crate::trace::MAX_GPUS;
+use crate::workload::{PodClass, Trace};
+
+/// `MaxSpecCpu` of the published simulator (milli-CPU) used to normalise scores.
+pub const MAX_SPEC_CPU: f64 = 128_000.0;
+/// `MaxSpecGpu` of the published simulator (milli-GPU).
+pub const MAX_SPEC_GPU: f64 = 8_000.0;
+
+/// A placement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// A random feasible node; a random GPU that fits.
+    Random,
+    /// Tetris dot product of free and requested (CPU, GPU), normalised by the max spec.
+    DotProd,
+    /// Least leftover CPU and GPU (equal weights).
+    BestFit,
+    /// Shared GPUs first, then free GPUs of a used node, then an idle node.
+    GpuPacking,
+    /// Nodes already running pods of the same GPU kind first.
+    GpuClustering,
+    /// Fragmentation gradient descent (ATC'23), as published.
+    Fgd,
+    /// vgpu's policy: FGD gradient on fragmentation + CPU-stranded GPU + expected GPU waste,
+    /// bucketed so near-equal moves pack by node order (see [`crate::ours`]).
+    Ours,
+}
+
+impl Policy {
+    /// All policies, in report order.
+    pub const ALL: [Policy; 7] = [
+        Policy::Random,
+        Policy::DotProd,
+        Policy::BestFit,
+        Policy::GpuPacking,
+        Policy::GpuClustering,
+        Policy::Fgd,
+        Policy::Ours,
+    ];
+
+    /// Name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Random => "random",
+            Policy::DotProd => "dotprod",
+            Policy::BestFit => "bestfit",
+            Policy::GpuPacking => "gpu-packing",
+            Policy::GpuClustering => "gpu-clustering",
+            Policy::Fgd => "fgd",
+            Policy::Ours => "ours",
+        }
+    }
+
+    /// The `sc_policy` label of the published results file, if the policy is there.
+    pub fn published_label(self) -> Option<&'static str> {
+        match self {
+            Policy::Random => Some("01-Random"),
+            Policy::DotProd => Some("02-DotProd"),
+            Policy::GpuClustering => Some("03-GpuClustering"),
+            Policy::GpuPacking => Some("04-GpuPacking"),
+            Policy::BestFit => Some("05-BestFit"),
+            Policy::Fgd => Some("06-FGD"),
+            Policy::Ours => None,
+        }
+    }
+
+    /// Whether the policy needs each node's fragmentation kept up to date.
+    pub fn uses_fragmentation(self) -> bool {
+        matches!(self, Policy::Fgd | Policy::Ours)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown policy name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, all)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Policy, UnknownPolicy> {
+        let norm = s.trim().to_ascii_lowercase().replace('_', "-");
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == norm || p.name().replace('-', "") == norm)
+            .ok_or_else(|| UnknownPolicy(s.to_string()))
+    }
+}
+
+/// Parse a comma list of policies; `all` means every policy.
+pub fn parse_policies(list: &str) -> Result<Vec<Policy>, UnknownPolicy> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part.eq_ignore_ascii_case("all") {
+            out.extend(Policy::ALL);
+        } else {
+            out.push(part.parse()?);
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Mutable state of one node during a run.
+#[derive(Clone, Debug)]
+pub struct NodeState {
+    /// Free milli-CPU.
+    pub cpu_left: u64,
+    /// Free MiB.
+    pub mem_left: u64,
+    /// Free milli-GPU per GPU (first `ngpu` entries).
+    pub gpu_left: [u32; MAX_GPUS],
+    /// GPU count.
+    pub ngpu: usize,
+    /// Model index.
+    pub model: u32,
+    /// GPU pods placed here per kind: `[0]` share pods, `[k]` k-GPU pods (GpuClustering's
+    /// affinity).
+    pub kinds: [u32; MAX_GPUS + 1],
+    /// Bumped on every change; caches compare it.
+    pub version: u32,
+    /// Current fragmentation (FGD) or node measure (ours); kept only for those two.
+    pub frag: f64,
+}
+
+impl NodeState {
+    /// Free milli-GPU per GPU.
+    pub fn gpus(&self) -> &[u32] {
+        &self.gpu_left[..self.ngpu]
+    }
+
+    /// View for the fragmentation math.
+    pub fn view(&self) -> NodeView<'_> {
+        NodeView {
+            cpu_left: self.cpu_left,
+            gpu_left: self.gpus(),
+            model: self.model,
+        }
+    }
+
+    /// Total free milli-GPU.
+    pub fn gpu_idle(&self) -> u64 {
+        self.gpus().iter().map(|&g| u64::from(g)).sum()
+    }
+
+    /// NodeResourcesFit (CPU, memory) plus the GPU filter (model, enough GPUs with room).
+    pub fn fits(&self, c: &PodClass) -> bool {
+        let s = &c.shape;
+        if self.cpu_left < s.cpu_milli || self.mem_left < c.memory_mib {
+            return false;
+        }
+        if s.num_gpu == 0 {
+            return true;
+        }
+        s.models.allows(self.model)
+            && self.gpus().iter().filter(|&&g| g >= s.gpu_milli).count() >= s.num_gpu as usize
+    }
+
+    /// Best-fit GPU for a share pod: least room that fits, lowest index on ties.
+    pub fn best_fit_gpu(&self, milli: u32) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, &g) in self.gpus().iter().enumerate() {
+            if g >= milli && best.is_none_or(|b| g < self.gpu_left[b]) {
+                best = Some(i);
+            }
+        }
+        best
+    }
+
+    /// GPU left lists after placing `c` (share pod on `gpu`, whole GPUs on the lowest free
+    /// indices), and the CPU left.
+    pub fn after(&self, c: &PodClass, gpu: Option<usize>) -> ([u32; MAX_GPUS], u64) {
+        let mut g = self.gpu_left;
+        let s = &c.shape;
+        if s.is_share() {
+            if let Some(i) = gpu {
+                g[i] -= s.gpu_milli;
+            }
+        } else if s.num_gpu > 0 {
+            let mut need = s.num_gpu;
+            for slot in g.iter_mut().take(self.ngpu) {
+                if need == 0 {
+                    break;
+                }
+                if *slot >= MILLI {
+                    *slot -= MILLI;
+                    need -= 1;
+                }
+            }
+        }
+        (g, self.cpu_left.saturating_sub(s.cpu_milli))
+    }
+
+    fn frag_after(&self, table: &FragTable, c: &PodClass, gpu: Option<usize>) -> f64 {
+        let (g, cpu) = self.after(c, gpu);
+        table.fragmentation(NodeView {
+            cpu_left: cpu,
+            gpu_left: &g[..self.ngpu],
+            model: self.model,
+        })
+    }
+}
+
+/// Which GPU a share pod takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuPick {
+    /// No choice to make (CPU-only or whole-GPU pod).
+    None,
+    /// This GPU index.
+    Index(u8),
+    /// A random GPU that fits, drawn at bind time.
+    Random,
+}
+
+/// Score of a node, `None` if the pod does not fit.
+pub fn score(
+    policy: Policy,
+    node: &NodeState,
+    c: &PodClass,
+    trace: &Trace,
+) -> Option<(i64, GpuPick)> {
+    let table = &trace.table;
+    if !node.fits(c) {
+        return None;
+    }
+    let s = &c.shape;
+    let share_best = || {
+        if s.is_share() {
+            node.best_fit_gpu(s.gpu_milli)
+                .map_or(GpuPick::None, |i| GpuPick::Index(i as u8))
+        } else {
+            GpuPick::None
+        }
+    };
+    let req_gpu = s.total_milli() as f64;
+    let req_cpu = s.cpu_milli as f64;
+    Some(match policy {
+        Policy::Random => (
+            0,
+            if s.is_share() {
+                GpuPick::Random
+            } else {
+                GpuPick::None
+            },
+        ),
+        Policy::BestFit => {
+            let free_cpu = node.cpu_left as f64;
+            let free_gpu = node.gpu_idle() as f64;
+            let share = 0.5 * (free_cpu - req_cpu) / MAX_SPEC_CPU
+                + 0.5 * (free_gpu - req_gpu) / MAX_SPEC_GPU;
+            (((1.0 - share) * 100.0) as i64, share_best())
+        }
+        Policy::DotProd => {
+            let dot = (node.cpu_left as f64 / MAX_SPEC_CPU) * (req_cpu / MAX_SPEC_CPU)
+                + (node.gpu_idle() as f64 / MAX_SPEC_GPU) * (req_gpu / MAX_SPEC_GPU);
+            (((1.0 - dot / 2.0) * 100.0) as i64, share_best())
+        }
+        Policy::GpuPacking => (gpu_packing(node, c), share_best()),
+        Policy::GpuClustering => (gpu_clustering(node, c), share_best()),
+        Policy::Fgd => fgd(node, c, table),
+        Policy::Ours => trace.ours.score(node, c),
+    })
+}
+
+/// GpuPacking: case 1 (only partly used GPUs needed) in [50, 100], case 2 (needs fully free
+/// GPUs on a used node) in [33, 50], case 3 (idle node) below 33. CPU-only pods score 0.
+fn gpu_packing(node: &NodeState, c: &PodClass) -> i64 {
+    let s = &c.shape;
+    if s.num_gpu == 0 {
+        return 0;
+    }
+    let gpus = node.gpus();
+    let fully_free = gpus.iter().filter(|&&g| g == MILLI).count() as i64;
+    if fully_free == node.ngpu as i64 {
+        return (100 / 3 - fully_free).max(fully_free);
+    }
+    let mut order: Vec<usize> = (0..node.ngpu).collect();
+    order.sort_by_key(|&i| gpus[i]); // stable: lowest index first on ties
+    let mut need = s.num_gpu;
+    let mut free_used = 0i64;
+    let mut ratio_sum = 0i64;
+    for i in order {
+        if need == 0 {
+            break;
+        }
+        if gpus[i] >= s.gpu_milli {
+            need -= 1;
+            if gpus[i] == MILLI {
+                free_used += 1;
+            }
+            ratio_sum += i64::from(gpus[i]) * 100 / i64::from(MILLI);
+        }
+    }
+    if free_used > 0 {
+        (100 / 2 - free_used).max(100 / 3)
+    } else {
+        (100 - ratio_sum / 10).max(100 / 2)
+    }
+}
+
+/// GpuClustering: four tiers of 25 by how the node's GPU pods match the pod's kind (share, or k
+/// whole GPUs), each tier ordered by GPU in use out of the max spec. CPU-only pods score 0.
+fn gpu_clustering(node: &NodeState, c: &PodClass) -> i64 {
+    let s = &c.shape;
+    if s.num_gpu == 0 {
+        return 0;
+    }
+    let kind = if s.is_share() { 0 } else { s.num_gpu as usize };
+    let kinds = node.kinds.iter().filter(|&&k| k > 0).count();
+    let used = (MAX_SPEC_GPU as i64 - node.gpu_idle() as i64) * 25 / MAX_SPEC_GPU as i64;
+    let tier = if node.kinds[kind] > 0 {
+        if kinds == 1 {
+            75
+        } else {
+            50
+        }
+    } else if kinds == 0 {
+        25
+    } else {
+        0
+    };
+    used + tier
+}
+
+/// FGD as published: a share pod tries every GPU with room and keeps the first with the best
+/// integer score; other pods take whole GPUs lowest index first.
+fn fgd(node: &NodeState, c: &PodClass, table: &FragTable) -> (i64, GpuPick) {
+    let before = node.frag;
+    if c.shape.is_share() {
+        let mut best: Option<(i64, usize)> = None;
+        let gpus = node.gpus();
+        for (i, &g) in gpus.iter().enumerate() {
+            // GPUs with the same room give the same fragmentation; the first one wins anyway.
+            if g < c.shape.gpu_milli || gpus[..i].contains(&g) {
+                continue;
+            }
+            let sc = fgd_score(before, node.frag_after(table, c, Some(i)));
+            if best.is_none_or(|b| sc > b.0) {
+                best = Some((sc, i));
+            }
+        }
+        best.map_or((0, GpuPick::None), |(sc, i)| (sc, GpuPick::Index(i as u8)))
+    } else {
+        (
+            fgd_score(before, node.frag_after(table, c, None)),
+            GpuPick::None,
+        )
+    }
+}
