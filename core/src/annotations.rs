@@ -29,7 +29,7 @@ pub const NODE_DEVICES: &str = "vgpu.io/node-devices";
 /// Node annotation with the device plugin's last heartbeat (RFC 3339).
 pub const NODE_HEARTBEAT: &str = "vgpu.io/node-heartbeat";
 /// Annotations only vgpu may set; a pod that sets them at CREATE is refused by the validating webhook.
-pub const RESERVED_POD_ANNOTATIONS: &[&str] = &[ASSIGNMENT];
+pub const RESERVED_POD_ANNOTATIONS: &[&str] = &[ASSIGNMENT, ALLOCATED];
 
 /// GPU types a pod may use (HAMi-compatible; comma list, case-insensitive).
 pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";

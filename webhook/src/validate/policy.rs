@@ -304,6 +304,9 @@ mod tests {
         let mut forged = gpu_pod(json!({}));
         forged["metadata"]["annotations"] = json!({"vgpu.io/assignment": "{}"});
         assert_eq!(rule_of(forged.clone()), "denyReservedAnnotations");
+        let mut allocated = gpu_pod(json!({}));
+        allocated["metadata"]["annotations"] = json!({"vgpu.io/allocated": "[]"});
+        assert_eq!(rule_of(allocated), "denyReservedAnnotations");
         let reqs = vgpu_containers(&forged, &RequestPolicy::default()).unwrap();
         assert_eq!(
             check(&forged, false, &reqs, &PolicyRules::default(), None),
