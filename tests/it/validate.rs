@@ -13,6 +13,8 @@ use vgpu_tests::process::{start_webhook, Running};
 
 const NS: &str = "team-a";
 const LEDGER_NS: &str = "vgpu-system";
+/// Reservation lifetime in the expiry test.
+const RESERVATION_TTL_SECS: u64 = 8;
 
 struct Cluster {
     api: FakeApiServer,
@@ -236,10 +238,12 @@ async fn two_replicas_never_overshoot_the_quota() {
 /// Reservations of pods that never appear expire; pods that do appear keep counting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reservations_expire_unless_the_pod_appears() {
+    // The TTL must outlast one batch of 50 admissions on a loaded CI machine: a reservation that
+    // expires while its batch is still arriving frees its share early, as designed.
     let c = cluster(
         vec![quota("gpu-quota", json!({"nvidia.com/gpumem": "40960"}))],
         2,
-        1,
+        RESERVATION_TTL_SECS,
     )
     .await;
     let batch = |tag: &str| {
@@ -254,13 +258,17 @@ async fn reservations_expire_unless_the_pod_appears() {
             .filter_map(|r| r["expiresMs"].as_u64())
             .max()
             .unwrap_or(0);
-        vgpu_tests::wait_for(Duration::from_secs(10), "reservations to expire", || {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis() as u64;
-            (now > latest).then_some(())
-        });
+        vgpu_tests::wait_for(
+            Duration::from_secs(RESERVATION_TTL_SECS + 10),
+            "reservations to expire",
+            || {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64;
+                (now > latest).then_some(())
+            },
+        );
     };
     // No pod is ever created: after expiry the whole quota is free again.
     let first = c.validate_all(&batch("a")).await;
