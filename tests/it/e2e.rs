@@ -948,6 +948,10 @@ async fn one_pods_journey_through_all_four_parts() {
         ("ResourceQuota/gpu-quota", "VGPUQuotaExceeded"),
         "step validate of over: Event {events:?}"
     );
+    assert!(
+        events[0].2.contains("used 12288, hard 12288"),
+        "step validate of over: the Event does not carry the refusal: {events:?}"
+    );
 
     // 8: delete eval: the scheduler's usage and the quota both free its 6144 MiB (train and
     // third keep 6144).
