@@ -457,12 +457,18 @@ async fn bind(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     Json(r).into_response()
 }
 
+/// Largest extender body accepted. With `nodeCacheCapable: false` kube-scheduler sends whole Node
+/// objects (several KiB each), so thousands of nodes pass axum's 2 MiB default; the listener is on
+/// localhost, for the kube-scheduler beside it.
+pub const MAX_BODY: usize = 64 << 20;
+
 /// The extender API (filter, prioritize, bind).
 pub fn extender_app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
@@ -628,6 +634,18 @@ mod tests {
             r["failedAndUnresolvableNodes"]["big"],
             "big: container \"main\": nvidia.com/gpucores: 150 is out of range 0-100"
         );
+        // Whole nodes beyond axum's 2 MiB default are still read.
+        let items: Vec<Value> = (0..600)
+            .map(|i| json!({"metadata": {"name": format!("n{i}")}, "status": {"images": [{"names": ["x".repeat(4096)]}]}}))
+            .collect();
+        let (code, r) = call(
+            extender_app(s.clone()),
+            "/filter",
+            json!({"pod": pod(json!({"cpu": "1"})), "nodes": {"items": items}}),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(r["nodes"]["items"].as_array().unwrap().len(), 600);
         let (code, body) = call(extender_app(s.clone()), "/filter", json!([1])).await;
         assert_eq!(code, StatusCode::BAD_REQUEST);
         assert!(body.as_str().unwrap().contains("not ExtenderArgs JSON"));

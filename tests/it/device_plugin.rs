@@ -592,6 +592,17 @@ async fn metrics_read_the_hooks_accounting_files() {
             "missing {line:?} in:\n{text}"
         );
     }
+    // Prometheus' own linter on the exposition (the body after the HTTP/1.0 headers).
+    if let Some(promtool) = crate::metrics::promtool() {
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or(text.as_str(), |(_, b)| b);
+        assert_eq!(
+            crate::metrics::promtool_complaints(promtool, body),
+            "",
+            "{body}"
+        );
+    }
     // The series moves on with each sample (10, 20, 10, ...).
     let text = env.metrics().await;
     let want = format!("vgpu_device_utilization_ratio{{node=\"{NODE}\",uuid=\"{GPU0}\"}} 0.2");

@@ -87,7 +87,9 @@ impl std::str::FromStr for Policy {
     }
 }
 
-/// One physical GPU with what is already placed on it.
+/// One physical GPU with what is already placed on it. Build it with [`Gpu::from_device`]; the
+/// capacity fields are for reading (scores use factors derived from them at construction), the
+/// usage fields change through [`Gpu::add`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gpu {
     /// Vendor UUID.
@@ -101,6 +103,10 @@ pub struct Gpu {
     /// Index within its node of the first GPU with the same model (set by [`NodeGpus::new`]), so
     /// type lists are tested once per distinct model.
     model_first: usize,
+    /// [`permille_scale`] of `memory_mib`.
+    mem_scale: u64,
+    /// [`permille_scale`] of `cores`.
+    cores_scale: u64,
     /// Device memory in MiB.
     pub memory_mib: u64,
     /// Compute capacity in percent (100 unscaled).
@@ -129,6 +135,8 @@ impl Gpu {
             model: d.model.clone(),
             model_lower: d.model.to_ascii_lowercase(),
             model_first: 0,
+            mem_scale: permille_scale(d.memory_mib),
+            cores_scale: permille_scale(u64::from(d.cores)),
             memory_mib: d.memory_mib,
             cores: d.cores,
             split: d.split.max(1),
@@ -160,16 +168,27 @@ impl Gpu {
 
     /// Use in per-mille: the mean of the memory and the cores fractions in use.
     fn use_permille(&self, used_mib: u64, used_cores: u32) -> u64 {
-        let mem = permille(used_mib, self.memory_mib);
-        let cores = permille(u64::from(used_cores), u64::from(self.cores));
+        let mem = permille(used_mib, self.memory_mib, self.mem_scale);
+        let cores = permille(
+            u64::from(used_cores),
+            u64::from(self.cores),
+            self.cores_scale,
+        );
         (mem + cores) / 2
     }
 }
 
-fn permille(used: u64, total: u64) -> u64 {
-    (used.min(total).saturating_mul(1000))
-        .checked_div(total)
-        .unwrap_or(1000)
+/// `ceil(1000 * 2^32 / total)`: per-mille by a multiply and a shift instead of a division (a
+/// filter over 40 000 GPUs did little else than divide).
+fn permille_scale(total: u64) -> u64 {
+    (1000u64 << 32).div_ceil(total.max(1))
+}
+
+fn permille(used: u64, total: u64, scale: u64) -> u64 {
+    if total == 0 {
+        return 1000;
+    }
+    (used.min(total).saturating_mul(scale) >> 32).min(1000)
 }
 
 /// A node's GPUs with the slices already placed on them.

@@ -113,12 +113,7 @@ async fn main() -> anyhow::Result<()> {
     let (proc, addr) = vgpu_tests::process::start_webhook(
         &cert,
         &key,
-        &[
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap_or_default(),
-            "--log-format",
-            "json",
-        ],
+        &["--kubeconfig", kubeconfig.to_str().unwrap_or_default()],
     );
     let tls = Arc::new(pki.client_config());
     let mut conn = https::connect(addr, tls.clone()).await?;

@@ -336,7 +336,9 @@ async fn run_watcher(
             Ok(Event::Init) => pending = Some(Vec::new()),
             Ok(Event::InitApply(o)) => {
                 if let Some(p) = pending.as_mut() {
-                    p.push((key(&o), slim(to_value(&o))));
+                    let k = key(&o);
+                    // Reduce at once: the full object is dropped before the next page arrives.
+                    p.push((k, slim(to_value(&o))));
                 }
             }
             Ok(Event::InitDone) => {
@@ -345,7 +347,7 @@ async fn run_watcher(
                 set_synced(&cache, true);
                 tracing::info!(resource = what, objects = all.len(), "cache synced");
             }
-            Ok(Event::Apply(o)) => apply(Change::Apply(&key(&o), &to_value(&o))),
+            Ok(Event::Apply(o)) => apply(Change::Apply(&key(&o), &slim(to_value(&o)))),
             Ok(Event::Delete(o)) => apply(Change::Delete(&key(&o))),
             Err(e) => {
                 // Events may have been missed: decisions LIST afresh until the next complete LIST.
@@ -356,16 +358,64 @@ async fn run_watcher(
     }
 }
 
-/// Drops what no decision reads (managed fields, most of the status), so 20 000 pods stay small.
-fn slim(mut v: Value) -> Value {
-    if let Some(m) = v.pointer_mut("/metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
-        m.remove("labels");
+/// Keeps only what a decision reads, so 20 000 pods (and the initial LIST's buffer) stay small:
+/// name, namespace, uid and vgpu's own annotations; the quota's `hard` and scopes; the containers'
+/// names and resources and the two scope fields of a pod spec; the phase.
+fn slim(v: Value) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Some(m) = v.get("metadata").and_then(Value::as_object) {
+        let mut meta = serde_json::Map::new();
+        for k in ["name", "namespace", "uid"] {
+            if let Some(x) = m.get(k) {
+                meta.insert(k.into(), x.clone());
+            }
+        }
+        if let Some(a) = m.get("annotations").and_then(Value::as_object) {
+            let ours: serde_json::Map<String, Value> = a
+                .iter()
+                .filter(|(k, _)| k.starts_with("vgpu.io/"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            meta.insert("annotations".into(), Value::Object(ours));
+        }
+        out.insert("metadata".into(), Value::Object(meta));
     }
-    if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
-        status.retain(|k, _| k == "phase");
+    if let Some(spec) = v.get("spec").and_then(Value::as_object) {
+        let mut keep = serde_json::Map::new();
+        for k in [
+            "hard",
+            "scopes",
+            "scopeSelector",
+            "activeDeadlineSeconds",
+            "priorityClassName",
+        ] {
+            if let Some(x) = spec.get(k) {
+                keep.insert(k.into(), x.clone());
+            }
+        }
+        for k in ["containers", "initContainers"] {
+            if let Some(list) = spec.get(k).and_then(Value::as_array) {
+                let slim_list = list
+                    .iter()
+                    .map(|c| {
+                        let mut sc = serde_json::Map::new();
+                        for f in ["name", "resources"] {
+                            if let Some(x) = c.get(f) {
+                                sc.insert(f.into(), x.clone());
+                            }
+                        }
+                        Value::Object(sc)
+                    })
+                    .collect();
+                keep.insert(k.into(), Value::Array(slim_list));
+            }
+        }
+        out.insert("spec".into(), Value::Object(keep));
     }
-    v
+    if let Some(phase) = v.pointer("/status/phase") {
+        out.insert("status".into(), serde_json::json!({ "phase": phase }));
+    }
+    Value::Object(out)
 }
 
 /// LISTs a namespace's vGPU pods afresh (used when the pod cache is not synced).
@@ -404,4 +454,27 @@ pub async fn list_quotas(
         .iter()
         .filter_map(|o| Quota::from_object(&to_value(o), &policy.names))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn slim_keeps_what_decisions_read() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"},
+            "managedFields": [{"x": 1}], "annotations": {"vgpu.io/assignment": "{}", "other": "x"}},
+            "spec": {"priorityClassName": "high", "nodeName": "n", "containers": [{"name": "c", "image": "i",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}, "env": [{"name": "A"}]}]},
+            "status": {"phase": "Running", "conditions": []}});
+        assert_eq!(
+            slim(pod),
+            json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {"vgpu.io/assignment": "{}"}},
+                "spec": {"priorityClassName": "high", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Running"}})
+        );
+        let quota = json!({"metadata": {"name": "q"}, "spec": {"hard": {"nvidia.com/gpu": "1"}, "scopes": ["BestEffort"]}});
+        assert_eq!(slim(quota.clone()), quota);
+    }
 }
