@@ -25,6 +25,10 @@ use crate::validate::cache::CachedPod;
 /// Key of the ledger in the ConfigMap's data.
 pub const DATA_KEY: &str = "reservations";
 
+/// How long a reservation still counts, on replicas that do not cache its pod yet, once this
+/// replica has seen the pod (watch lag between replicas is well under this).
+pub const CONFIRMED_GRACE_MS: u64 = 5_000;
+
 /// Name of the ledger ConfigMap of a tenant namespace.
 pub fn ledger_name(namespace: &str) -> String {
     format!("vgpu-quota-{namespace}")
@@ -127,8 +131,20 @@ pub fn attempt(
     if let Err(e) = quota::check(namespace, &incoming.usage, quotas, used) {
         return Attempt::Exceeded(e);
     }
+    // A reservation whose pod this replica already caches has done its job: keep it only for a
+    // short grace (other replicas' caches may lag), so that deleting the pod frees its share within
+    // the grace instead of the whole TTL.
     let mut next = Ledger {
-        reservations: live.into_iter().cloned().collect(),
+        reservations: live
+            .into_iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if in_cache(&r) {
+                    r.expires_ms = r.expires_ms.min(now_ms.saturating_add(CONFIRMED_GRACE_MS));
+                }
+                r
+            })
+            .collect(),
     };
     next.reservations.push(incoming.clone());
     Attempt::Write(next)
