@@ -1002,6 +1002,13 @@ async fn one_pods_journey_through_all_four_parts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn placement_across_nodes_types_and_heartbeats() {
     let mut c = start_cluster().await;
+    // team-b's quota is exactly what the pods below hold while each is admitted: wide 3 x 1024,
+    // multi 2 x 2048, half-a100 placed 20480, half-a10 unplaced 50 % of the largest card 20480.
+    c.api
+        .create(json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "b-quota", "namespace": NS_FREE},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "48128"}}}))
+        .unwrap();
 
     // Three GPUs: no node has three. Admitted (no quota in team-b), then explained per node.
     let wide = user_pod(
@@ -1137,9 +1144,15 @@ async fn placement_across_nodes_types_and_heartbeats() {
         p["metadata"]["annotations"] = json!({"nvidia.com/use-gputype": "A100"});
         p
     };
-    c.create_pod(&late)
-        .await
-        .unwrap_or_else(|r| panic!("step validate of late: refused: {r}"));
+    // Placed on an A10, half-a10 holds 12288 MiB, not the 20480 counted before placement: the
+    // webhook reads the scheduler's assignment, so late (1024) fits (39936 + 1024 <= 48128).
+    // The webhook learns of the assignment through its watch: poll.
+    vgpu_tests::wait_for_async(
+        WAIT,
+        "the webhook's quota to count half-a10 by its assignment",
+        || async { c.create_pod(&late).await.ok() },
+    )
+    .await;
     let f = c.filter(NS_FREE, "late").await;
     assert_eq!(
         f["nodenames"],
