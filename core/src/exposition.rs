@@ -13,6 +13,16 @@ pub fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("application/openmetrics-text"))
 }
 
+/// The `(content type, body)` to answer a scrape with: the OpenMetrics text as is when `accept`
+/// asks for it, else converted to the text format 0.0.4. Every service's `/metrics` calls this.
+pub fn negotiate(accept: Option<&str>, openmetrics: String) -> (&'static str, String) {
+    if wants_openmetrics(accept) {
+        (OPENMETRICS_TEXT, openmetrics)
+    } else {
+        (PROMETHEUS_TEXT, to_prometheus_text(&openmetrics))
+    }
+}
+
 /// OpenMetrics text to Prometheus text format 0.0.4. The differences that matter: a counter's
 /// metadata (`# HELP`, `# TYPE`) names the family *with* its `_total` suffix, there are no `# UNIT`
 /// lines, no exemplars and no `# EOF` terminator.
@@ -102,5 +112,14 @@ mod tests {
         )));
         assert!(!wants_openmetrics(Some("*/*")));
         assert!(!wants_openmetrics(None));
+        let om = "# TYPE a counter\na_total 1\n# EOF\n".to_string();
+        assert_eq!(
+            negotiate(Some("application/openmetrics-text"), om.clone()),
+            (OPENMETRICS_TEXT, om.clone())
+        );
+        assert_eq!(
+            negotiate(None, om.clone()),
+            (PROMETHEUS_TEXT, to_prometheus_text(&om))
+        );
     }
 }

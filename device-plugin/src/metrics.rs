@@ -258,20 +258,8 @@ pub fn router(
             async move {
                 let om = render(&shared, backend.as_deref());
                 let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-                if vgpu_core::exposition::wants_openmetrics(accept) {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            vgpu_core::exposition::OPENMETRICS_TEXT,
-                        )],
-                        om,
-                    )
-                } else {
-                    (
-                        [(header::CONTENT_TYPE, vgpu_core::exposition::PROMETHEUS_TEXT)],
-                        vgpu_core::exposition::to_prometheus_text(&om),
-                    )
-                }
+                let (content_type, body) = vgpu_core::exposition::negotiate(accept, om);
+                ([(header::CONTENT_TYPE, content_type)], body)
             }
         }),
     )

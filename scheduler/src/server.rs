@@ -491,15 +491,7 @@ async fn readyz(State(s): State<Arc<AppState>>) -> Response {
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     s.metrics.refresh(&read(&s.cluster), unix_now());
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let text = s.metrics.encode();
-    let (content_type, body) = if exposition::wants_openmetrics(accept) {
-        (exposition::OPENMETRICS_TEXT, text)
-    } else {
-        (
-            exposition::PROMETHEUS_TEXT,
-            exposition::to_prometheus_text(&text),
-        )
-    };
+    let (content_type, body) = exposition::negotiate(accept, s.metrics.encode());
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 

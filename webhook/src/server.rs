@@ -86,15 +86,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
     let accept = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok());
-    let text = state.metrics.encode();
-    let (content_type, body) = if exposition::wants_openmetrics(accept) {
-        (exposition::OPENMETRICS_TEXT, text)
-    } else {
-        (
-            exposition::PROMETHEUS_TEXT,
-            exposition::to_prometheus_text(&text),
-        )
-    };
+    let (content_type, body) = exposition::negotiate(accept, state.metrics.encode());
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
