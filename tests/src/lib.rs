@@ -27,12 +27,16 @@ pub fn profile_dir() -> PathBuf {
 
 /// Builds every binary and library of the workspace once per test process, so tests always run the
 /// code they were compiled with (cargo only builds a package's own binaries for its tests).
+///
+/// `--tests` is not for the test targets: it makes cargo resolve features the way `cargo test
+/// --workspace` does (dev-dependencies' features included), so this build reuses the artifacts the
+/// test run just made instead of compiling a second copy of every dependency.
 pub fn ensure_built() {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "--workspace", "--bins", "--lib"]);
+        cmd.args(["build", "--workspace", "--bins", "--lib", "--tests"]);
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         }
