@@ -37,6 +37,26 @@ pub fn ensure_built() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
         cmd.args(["build", "--workspace", "--bins", "--lib", "--tests"]);
+        // Cargo gives a test process the variables it sets for a compiling crate (CARGO_MANIFEST_DIR,
+        // CARGO_PKG_*, OUT_DIR, ...). Build scripts that read them (ring's reads CARGO_MANIFEST_DIR)
+        // are tracked on them, so passing them on would make this build recompile half the tree.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CARGO_PKG_")
+                || key.starts_with("CARGO_BIN_")
+                || key.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    key.as_ref(),
+                    "CARGO_CRATE_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "OUT_DIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                )
+            {
+                cmd.env_remove(key.as_ref());
+            }
+        }
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         }
