@@ -26,6 +26,7 @@ pub mod assignment;
 pub mod env;
 pub mod exposition;
 pub mod inventory;
+pub mod limits_file;
 pub mod placement;
 pub mod quantity;
 pub mod rbac;

@@ -16,6 +16,11 @@ pub const PRELOAD_NAME: &str = "ld.so.preload";
 pub const CONTAINER_CACHE_DIR: &str = "/tmp/vgpu";
 /// Host-directory subfolder with one accounting directory per container.
 pub const CONTAINERS_DIR: &str = "containers";
+/// Host-directory subfolder with one limits file per container (`<pod-uid>_<name>.env`).
+pub const LIMITS_DIR: &str = "limits";
+/// Where the container's limits file appears: next to the hook library, which reads it from there
+/// (see `vgpu_core::limits_file` for why the environment alone is not enough).
+pub const CONTAINER_LIMITS: &str = "/usr/local/vgpu/limits.env";
 /// The visible-devices variable the NVIDIA container runtime reads.
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
@@ -29,6 +34,18 @@ pub fn container_dir(host_dir: &Path, pod_uid: &str, container: &str) -> PathBuf
     host_dir
         .join(CONTAINERS_DIR)
         .join(format!("{pod_uid}_{container}"))
+}
+
+/// The host path of one container's limits file: `<host-dir>/limits/<pod-uid>_<name>.env`.
+pub fn limits_path(host_dir: &Path, pod_uid: &str, container: &str) -> PathBuf {
+    host_dir
+        .join(LIMITS_DIR)
+        .join(format!("{pod_uid}_{container}.env"))
+}
+
+/// The limits file for an answer: the same limits as its environment, in the file format.
+pub fn limits_contents(response: &api::ContainerAllocateResponse) -> String {
+    vgpu_core::limits_file::format(response.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 fn mounts(host_dir: &Path, cache_dir: Option<&Path>) -> Vec<api::Mount> {
@@ -76,9 +93,17 @@ pub fn assigned(
         env::DEFAULT_SHARED_CACHE.to_string(),
     );
     let dir = container_dir(host_dir, pod_uid, &container.name);
+    let mut mounts = mounts(host_dir, Some(&dir));
+    mounts.push(api::Mount {
+        container_path: CONTAINER_LIMITS.into(),
+        host_path: limits_path(host_dir, pod_uid, &container.name)
+            .display()
+            .to_string(),
+        read_only: true,
+    });
     api::ContainerAllocateResponse {
         envs,
-        mounts: mounts(host_dir, Some(&dir)),
+        mounts,
         ..Default::default()
     }
 }
@@ -127,12 +152,19 @@ mod tests {
             r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
             "/tmp/vgpu/vgpu.cache"
         );
-        assert_eq!(r.mounts.len(), 3);
+        assert_eq!(r.mounts.len(), 4);
         assert_eq!(r.mounts[0].host_path, "/h/libvgpu.so");
         assert!(r.mounts[0].read_only && r.mounts[1].read_only);
         assert_eq!(r.mounts[1].container_path, "/etc/ld.so.preload");
         assert_eq!(r.mounts[2].host_path, "/h/containers/uid1_main");
         assert!(!r.mounts[2].read_only);
+        // The limits file sits next to the library, read-only, and says what the env says.
+        assert_eq!(r.mounts[3].container_path, "/usr/local/vgpu/limits.env");
+        assert_eq!(r.mounts[3].host_path, "/h/limits/uid1_main.env");
+        assert!(r.mounts[3].read_only);
+        let file = vgpu_core::limits_file::parse(&limits_contents(&r)).unwrap_or_default();
+        let envs: std::collections::BTreeMap<String, String> = r.envs.clone().into_iter().collect();
+        assert_eq!(file, envs);
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub fn record_allocation(host_dir: &Path, claim: &Claim) {
     }
 }
 
-/// Removes the records and accounting directories of pods no longer on the node.
+/// Removes the records, limits files and accounting directories of pods no longer on the node.
 pub fn forget_pods(host_dir: &Path, keep: impl Fn(&str) -> bool) {
     for rec in read_records(host_dir) {
         if keep(&rec.uid) {
@@ -66,6 +66,11 @@ pub fn forget_pods(host_dir: &Path, keep: impl Fn(&str) -> bool) {
         }
         let name = format!("{}_{}", rec.uid, rec.container);
         let _ = std::fs::remove_file(host_dir.join(ALLOCATIONS_DIR).join(format!("{name}.json")));
+        let _ = std::fs::remove_file(crate::allocate::limits_path(
+            host_dir,
+            &rec.uid,
+            &rec.container,
+        ));
         let _ = std::fs::remove_dir_all(host_dir.join(crate::allocate::CONTAINERS_DIR).join(name));
     }
 }

@@ -159,14 +159,21 @@ impl Shared {
                 );
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+                let answer =
+                    allocate::assigned(&self.settings.host_dir, &claim.uid, &claim.container);
+                // The hook trusts this file over the environment; without it the container must
+                // not start, so a failed write fails the Allocate.
+                let limits = allocate::limits_path(
+                    &self.settings.host_dir,
+                    &claim.uid,
+                    &claim.container.name,
+                );
+                write_atomically(&limits, allocate::limits_contents(&answer).as_bytes())
+                    .map_err(|e| Status::internal(format!("writing {}: {e}", limits.display())))?;
                 crate::metrics::record_allocation(&self.settings.host_dir, &claim);
                 self.mark_allocated(&claim).await;
                 tracing::info!(pod = %format!("{}/{}", claim.namespace, claim.name), container = %claim.container.name, ?ids, "allocated");
-                Ok(allocate::assigned(
-                    &self.settings.host_dir,
-                    &claim.uid,
-                    &claim.container,
-                ))
+                Ok(answer)
             }
             Err(_) if self.settings.allow_unscheduled => {
                 let mut uuids: Vec<String> = Vec::new();
@@ -308,4 +315,22 @@ pub fn options() -> api::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
     }
+}
+
+/// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container
+/// that starts while the plugin is writing must never read half a limits file): a temporary file in
+/// the same directory, then rename.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("path has no directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }

@@ -1,9 +1,12 @@
-//! The limits of this container, read from the environment contract in `vgpu_core::env`.
+//! The limits of this container, read from the environment contract in `vgpu_core::env`, or from
+//! the device plugin's read-only limits file (`vgpu_core::limits_file`) when it is there.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 use vgpu_core::accounting::MAX_DEVICES;
 use vgpu_core::env::{self, EnvValueError};
+use vgpu_core::limits_file::{self, LimitsFileError};
 
 /// A variable whose value cannot be read: the hook prints this and fails closed.
 #[derive(Debug, Error)]
@@ -16,6 +19,113 @@ pub struct ConfigError {
     /// Why.
     #[source]
     pub source: EnvValueError,
+}
+
+/// Why the configuration cannot be read: the hook prints this and fails closed.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// A variable (from the environment or the limits file) has a bad value.
+    #[error(transparent)]
+    Value(#[from] ConfigError),
+    /// The limits file exists but cannot be read.
+    #[error("vgpu: limits file {path}: {source}; refusing CUDA")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The limits file is damaged.
+    #[error("vgpu: limits file {path}: {source}; refusing CUDA")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: LimitsFileError,
+    },
+}
+
+/// Where the configuration came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The environment only (no limits file: outside Kubernetes, or `--allow-unscheduled`).
+    Environment,
+    /// The limits file; the environment was not read for limits. `overridden` lists the reserved
+    /// variables the environment set to something else (what a pod's `envFrom` could try).
+    LimitsFile {
+        /// `NAME=value` pairs of the environment that the file overrode.
+        overridden: Vec<String>,
+    },
+}
+
+/// Reads the configuration: from the limits file at `file` when it exists (the environment then
+/// only supplies `CUDA_VISIBLE_DEVICES`, which is the program's own choice), else from `get_env`.
+pub fn load(
+    get_env: impl Fn(&str) -> Option<String>,
+    file: Option<&Path>,
+) -> Result<(Config, Source), LoadError> {
+    let text = match file.map(std::fs::read_to_string) {
+        None => None,
+        Some(Ok(text)) => Some(text),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Some(Err(source)) => {
+            return Err(LoadError::Read {
+                path: file.map(Path::to_path_buf).unwrap_or_default(),
+                source,
+            })
+        }
+    };
+    let Some(text) = text else {
+        return Ok((Config::from_vars(get_env)?, Source::Environment));
+    };
+    let path = file.map(Path::to_path_buf).unwrap_or_default();
+    let vars: BTreeMap<String, String> =
+        limits_file::parse(&text).map_err(|source| LoadError::Parse { path, source })?;
+    let get = |k: &str| {
+        if limits_file::is_allowed(k) {
+            vars.get(k).cloned()
+        } else {
+            get_env(k)
+        }
+    };
+    let mut config = Config::from_vars(get)?;
+    config.cache_path = under_root(file.unwrap_or(Path::new("/")), &config.cache_path);
+    let mut names = vec![
+        env::MEMORY_LIMIT.to_string(),
+        env::SM_LIMIT.to_string(),
+        env::SHARED_CACHE.to_string(),
+    ];
+    for i in 0..MAX_DEVICES {
+        names.push(env::memory_limit_for(i));
+        names.push(env::sm_limit_for(i));
+    }
+    let mut overridden: Vec<String> = names
+        .iter()
+        .filter_map(|k| {
+            let v = get_env(k)?;
+            (vars.get(k) != Some(&v)).then(|| format!("{k}={v}"))
+        })
+        .collect();
+    overridden.sort();
+    Ok((config, Source::LimitsFile { overridden }))
+}
+
+/// The container path `path` seen from where the limits file `file` is: the file lives in the hook's
+/// directory, `<root>/usr/local/vgpu/`, and `<root>` is `/` in a container. Anywhere else (a test's
+/// copy of a container tree) the file's absolute paths are taken inside that tree, as the
+/// container would see them.
+fn under_root(file: &Path, path: &Path) -> PathBuf {
+    let lib_dir = file.parent().unwrap_or(Path::new("/"));
+    let root = lib_dir
+        .ends_with("usr/local/vgpu")
+        .then(|| lib_dir.ancestors().nth(3))
+        .flatten();
+    match (root, path.strip_prefix("/")) {
+        (Some(root), Ok(rel)) => root.join(rel),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// Limits per visible device (index as the device plugin numbers them) and the accounting file.
@@ -123,6 +233,83 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn the_limits_file_wins_over_the_environment_and_names_what_it_overrode() {
+        let dir = std::env::temp_dir().join(format!("vgpu-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(limits_file::FILE_NAME);
+        std::fs::write(
+            &file,
+            limits_file::format([
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"),
+                ("CUDA_DEVICE_SM_LIMIT_0", "20"),
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
+            ]),
+        )
+        .unwrap();
+        // What a ConfigMap behind envFrom could set: a bigger limit, a second device, no SM cap.
+        let env: HashMap<&str, &str> = [
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "80g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
+            ("CUDA_DEVICE_SM_LIMIT_0", "20"),
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-b,GPU-a"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-a"),
+        ]
+        .into_iter()
+        .collect();
+        let get = |k: &str| env.get(k).map(|v| v.to_string());
+        let (c, source) = load(get, Some(&file)).unwrap();
+        assert_eq!(c.memory_limit[0], Some(1 << 30));
+        assert_eq!(c.memory_limit[1], None, "the unsuffixed 80g must not apply");
+        assert_eq!(c.sm_limit[0], 20);
+        // CUDA_VISIBLE_DEVICES is the program's; the UUIDs come from the file.
+        assert_eq!(c.ordinal_map, vec![0]);
+        assert_eq!(
+            source,
+            Source::LimitsFile {
+                overridden: vec![
+                    "CUDA_DEVICE_MEMORY_LIMIT=80g".into(),
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=80g".into()
+                ]
+            }
+        );
+
+        // No file: the environment, as outside Kubernetes.
+        let (c, source) = load(get, Some(&dir.join("absent"))).unwrap();
+        assert_eq!(
+            (c.memory_limit[0], source),
+            (Some(80 << 30), Source::Environment)
+        );
+
+        // A damaged file, or one that cannot be read, fails closed naming the file.
+        std::fs::write(&file, "CUDA_DEVICE_MEMORY_LIMIT_0=1g\nnonsense\n").unwrap();
+        let e = load(get, Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("limits.env") && e.contains("line 2"), "{e}");
+        std::fs::write(&file, "CUDA_DEVICE_MEMORY_LIMIT_0=lots\n").unwrap();
+        let e = load(get, Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("CUDA_DEVICE_MEMORY_LIMIT_0"), "{e}");
+        let e = load(get, Some(&dir)).unwrap_err().to_string();
+        assert!(e.contains("limits file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn file_paths_are_taken_inside_the_tree_the_library_sits_in() {
+        let p = |f: &str, c: &str| under_root(Path::new(f), Path::new(c));
+        assert_eq!(
+            p("/usr/local/vgpu/limits.env", "/tmp/vgpu/vgpu.cache"),
+            PathBuf::from("/tmp/vgpu/vgpu.cache")
+        );
+        assert_eq!(
+            p("/t/ctr/usr/local/vgpu/limits.env", "/tmp/vgpu/vgpu.cache"),
+            PathBuf::from("/t/ctr/tmp/vgpu/vgpu.cache")
+        );
+        assert_eq!(
+            p("/t/lib/limits.env", "/tmp/vgpu/vgpu.cache"),
+            PathBuf::from("/tmp/vgpu/vgpu.cache")
+        );
     }
 
     #[test]

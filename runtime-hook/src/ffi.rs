@@ -408,10 +408,20 @@ fn hook() -> Result<&'static Hook, CUresult> {
 }
 
 fn init() -> Result<Hook, CUresult> {
-    let config = Config::from_vars(|k| std::env::var(k).ok()).map_err(|e| {
-        eprintln!("{e}");
-        CUDA_ERROR_INVALID_VALUE
-    })?;
+    let limits = library_dir().map(|d| d.join(vgpu_core::limits_file::FILE_NAME));
+    let (config, source) = crate::config::load(|k| std::env::var(k).ok(), limits.as_deref())
+        .map_err(|e| {
+            eprintln!("{e}");
+            CUDA_ERROR_INVALID_VALUE
+        })?;
+    if let crate::config::Source::LimitsFile { overridden } = &source {
+        if !overridden.is_empty() {
+            eprintln!(
+                "vgpu: ignoring {} from the environment: the device plugin's limits file decides",
+                overridden.join(" ")
+            );
+        }
+    }
     let Some(dlsym) = real_dlsym() else {
         eprintln!("vgpu: cannot find the C library's dlsym; refusing CUDA");
         return Err(CUDA_ERROR_NOT_INITIALIZED);
@@ -447,6 +457,28 @@ fn init() -> Result<Hook, CUresult> {
         slot: AtomicUsize::new(usize::MAX),
         allocations: Mutex::new(HashMap::new()),
     })
+}
+
+/// The directory this library was loaded from (`/usr/local/vgpu` in a container), where the device
+/// plugin mounts the limits file. Found with dladdr on one of our own functions, so no variable the
+/// tenant controls can point it elsewhere.
+fn library_dir() -> Option<std::path::PathBuf> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only writes `info`; the address is a function of this library.
+    let found = unsafe { libc::dladdr(library_dir as *const libc::c_void, info.as_mut_ptr()) };
+    if found == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so `info` is initialised.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the dynamic loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    path.parent().map(std::path::Path::to_path_buf)
 }
 
 /// The child of fork() starts with clean per-process state: its own slot, claimed on first use.

@@ -632,14 +632,36 @@ impl Cluster {
         }
     }
 
-    /// Runs the probe as the container would: exactly the env Allocate returned, with each
-    /// container path that a mount names mapped to its host path, and the hook preloaded (what
-    /// the mounted /etc/ld.so.preload does in the container).
+    /// Runs the probe as the container would: exactly the env Allocate returned, in a root where
+    /// each container path that a mount names is a symlink to its host path, and the hook preloaded
+    /// from there (what the mounted /etc/ld.so.preload does in the container).
     fn run_container(&self, p: &Placed, steps: &[&str]) -> Vec<String> {
+        self.run_container_with_tenant_env(p, steps, &[])
+    }
+
+    /// [`Self::run_container`] with `tenant_env` appended after the device plugin's variables, as
+    /// kubelet appends a pod's `env` and `envFrom` (kubelet `GenerateRunContainerOptions`), so the
+    /// tenant's value is the one the process sees.
+    fn run_container_with_tenant_env(
+        &self,
+        p: &Placed,
+        steps: &[&str],
+        tenant_env: &[(&str, &str)],
+    ) -> Vec<String> {
+        let root = tempfile::tempdir().unwrap();
+        for m in &p.alloc.mounts {
+            let at = root.path().join(m.container_path.trim_start_matches('/'));
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(&m.host_path, &at).unwrap();
+        }
         let map = |v: &str| -> String {
             for m in &p.alloc.mounts {
-                if let Some(rest) = v.strip_prefix(m.container_path.as_str()) {
-                    return format!("{}{rest}", m.host_path);
+                if v.starts_with(m.container_path.as_str()) {
+                    return root
+                        .path()
+                        .join(v.trim_start_matches('/'))
+                        .display()
+                        .to_string();
                 }
             }
             v.to_string()
@@ -675,6 +697,9 @@ impl Cluster {
             .env("FAKE_CUDA_DEVICE_MEMORY", memory.join(","));
         for (k, v) in &p.alloc.envs {
             cmd.env(k, map(v));
+        }
+        for (k, v) in tenant_env {
+            cmd.env(k, v);
         }
         let out = cmd.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -915,10 +940,21 @@ async fn one_pods_journey_through_all_four_parts() {
     );
     let (steps, want) = slice_steps(2048);
     let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    // Its tenant tries to lift the slice with reserved names from a ConfigMap behind envFrom,
+    // which the validating webhook cannot see: the hook reads the device plugin's read-only
+    // limits file instead, so the slice holds.
     assert_eq!(
-        c.run_container(&third, &steps),
+        c.run_container_with_tenant_env(
+            &third,
+            &steps,
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "80g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/elsewhere.cache"),
+            ],
+        ),
         want,
-        "step container of third: its own slice"
+        "step container of third: its own slice, whatever its envFrom says"
     );
 
     // 7: over quota (12288 used, 4096 more): refused at validate, with an Event.

@@ -623,3 +623,90 @@ fn dead_processes_leave_the_file_within_a_second() {
     assert_eq!(snap.retired.launches, 7);
     assert_eq!(snap.container_peak[0], 513 << 20);
 }
+
+/// In a container the device plugin mounts a read-only limits file next to the library. Its
+/// limits hold whatever the process's environment says (a ConfigMap behind `envFrom`, or a shell
+/// `export` inside the container), the accounting file it names is the one used, and a damaged
+/// file refuses CUDA instead of running unlimited.
+#[test]
+fn the_limits_file_beside_the_library_beats_the_environment() {
+    let env = setup();
+    // A container tree: <root>/usr/local/vgpu/{libvgpu.so,limits.env} and <root>/tmp/vgpu.
+    let root = env.dir.path().join("ctr");
+    let lib_dir = root.join("usr/local/vgpu");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::create_dir_all(root.join("tmp/vgpu")).unwrap();
+    let hook = lib_dir.join("libvgpu.so");
+    std::fs::copy(&env.hook, &hook).unwrap();
+    let limits = lib_dir.join(vgpu_core::limits_file::FILE_NAME);
+    std::fs::write(
+        &limits,
+        vgpu_core::limits_file::format([
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"),
+            ("CUDA_DEVICE_SM_LIMIT_0", "0"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/vgpu.cache"),
+        ]),
+    )
+    .unwrap();
+    let run = || {
+        Command::new(&env.probe)
+            .args([
+                "direct",
+                "init",
+                "ctx:0",
+                "total:0",
+                "alloc:1023m",
+                "alloc:2m",
+            ])
+            .env_clear()
+            .env("LD_LIBRARY_PATH", env.dir.path())
+            .env("LD_PRELOAD", &hook)
+            .env("FAKE_CUDA_DEVICE_MEMORY", "16g")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "80g")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "80g")
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                env.dir.path().join("mine.cache"),
+            )
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "init = 0".to_string(),
+            "ctx = 0".into(),
+            format!("total = 0 bytes {}", gib(1)),
+            format!("alloc {} = 0", 1023u64 << 20),
+            format!("alloc {} = 2", 2u64 << 20),
+        ],
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("vgpu: ignoring CUDA_DEVICE_MEMORY_LIMIT=80g CUDA_DEVICE_MEMORY_LIMIT_0=80g CUDA_DEVICE_MEMORY_SHARED_CACHE="),
+        "{stderr}"
+    );
+    // The file's accounting path, inside the container tree, not the environment's.
+    assert!(root.join("tmp/vgpu/vgpu.cache").is_file());
+    assert!(!env.dir.path().join("mine.cache").exists());
+
+    std::fs::write(&limits, "CUDA_DEVICE_MEMORY_LIMIT_0=1024m\nnot a line\n").unwrap();
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // CUDA_ERROR_INVALID_VALUE (1): fail closed, naming the file and the line.
+    assert_eq!(
+        stdout.lines().next(),
+        Some("init = 1"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("limits.env") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+}
