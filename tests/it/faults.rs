@@ -456,3 +456,33 @@ async fn scheduler_caches_recover_from_a_dropped_watch_and_a_410() {
         "{r}"
     );
 }
+
+/// A 20 s run of the soak (`vgpu-validate-load --duration`, docs/soak.md): no request fails or is
+/// answered wrongly, and the webhook's descriptors do not grow. Memory is not judged here (the
+/// windows are too short to be past warm-up; the 10-minute run judges it), nor is any timing.
+#[test]
+fn short_soak_has_no_errors_and_no_descriptor_growth() {
+    let mut cmd = std::process::Command::new(vgpu_tests::binary("vgpu-validate-load"));
+    cmd.args([
+        "--pods=500",
+        "--vgpu-pods=100",
+        "--namespaces=20",
+        "--duration=20",
+        "--warmup=4",
+        "--window=6",
+        "--sample-seconds=1",
+        "--connections=2",
+        "--rss-tolerance=100",
+    ]);
+    let mut run = vgpu_tests::process::Running::spawn("vgpu-validate-load", cmd);
+    let status = run
+        .wait_exit(Duration::from_secs(180))
+        .expect("the soak ends");
+    let out = run.output().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains("| errors (transport, non-200, wrong answer) | 0 |"),
+        "{out}"
+    );
+    assert!(out.contains("soak passed"), "{out}");
+}
