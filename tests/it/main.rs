@@ -5,6 +5,7 @@ mod cert_rotation;
 mod certs_api;
 mod device_plugin;
 mod e2e;
+mod faults;
 mod helm;
 mod hook;
 mod metrics;

@@ -20,14 +20,14 @@ use vgpu_tests::process::Running;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
 }
 
-fn node(name: &str, gpus: &[(&str, u64)], heartbeat: Option<u64>) -> Value {
+pub(crate) fn node(name: &str, gpus: &[(&str, u64)], heartbeat: Option<u64>) -> Value {
     let inv = NodeInventory::new(
         gpus.iter()
             .enumerate()
@@ -51,14 +51,14 @@ fn node(name: &str, gpus: &[(&str, u64)], heartbeat: Option<u64>) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}})
 }
 
-fn pod(name: &str, mib: u64) -> Value {
+pub(crate) fn pod(name: &str, mib: u64) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "team-a", "labels": {MANAGED_LABEL: "true"}},
         "spec": {"schedulerName": "vgpu-scheduler", "containers": [{"name": "main", "image": "cuda",
             "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}}}]}})
 }
 
-struct Scheduler {
+pub(crate) struct Scheduler {
     proc: Running,
     api: SocketAddr,
     metrics: SocketAddr,
@@ -74,7 +74,7 @@ fn addr_after(line: &str) -> SocketAddr {
 }
 
 /// Starts the real binary on ephemeral ports against `api`, and waits for /readyz.
-async fn start(api: &FakeApiServer, extra: &[&str]) -> Scheduler {
+pub(crate) async fn start(api: &FakeApiServer, extra: &[&str]) -> Scheduler {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
@@ -137,7 +137,7 @@ impl Scheduler {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{verb}: {e}: {text}"))
     }
 
-    async fn filter(&self, api: &FakeApiServer, pod: &str, nodes: &[&str]) -> Value {
+    pub(crate) async fn filter(&self, api: &FakeApiServer, pod: &str, nodes: &[&str]) -> Value {
         let p = api.get("v1", "pods", "team-a", pod).unwrap();
         self.call("/filter", json!({"pod": p, "nodenames": nodes}))
             .await

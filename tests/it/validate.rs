@@ -11,20 +11,20 @@ use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
 use vgpu_tests::process::{start_webhook, Running};
 
-const NS: &str = "team-a";
-const LEDGER_NS: &str = "vgpu-system";
+pub(crate) const NS: &str = "team-a";
+pub(crate) const LEDGER_NS: &str = "vgpu-system";
 /// Reservation lifetime in the expiry test.
 const RESERVATION_TTL_SECS: u64 = 8;
 
-struct Cluster {
-    api: FakeApiServer,
+pub(crate) struct Cluster {
+    pub(crate) api: FakeApiServer,
     _dir: tempfile::TempDir,
-    webhooks: Vec<(Running, SocketAddr)>,
-    tls: Arc<rustls::ClientConfig>,
+    pub(crate) webhooks: Vec<(Running, SocketAddr)>,
+    pub(crate) tls: Arc<rustls::ClientConfig>,
 }
 
 /// A fake API server holding `objects`, and `replicas` webhooks connected to it, ready.
-async fn cluster(objects: Vec<Value>, replicas: usize, ttl_secs: u64) -> Cluster {
+pub(crate) async fn cluster(objects: Vec<Value>, replicas: usize, ttl_secs: u64) -> Cluster {
     let api = FakeApiServer::start().await.unwrap();
     for o in objects {
         api.create(o).unwrap();
@@ -74,12 +74,12 @@ async fn cluster(objects: Vec<Value>, replicas: usize, ttl_secs: u64) -> Cluster
     }
 }
 
-fn quota(name: &str, hard: Value) -> Value {
+pub(crate) fn quota(name: &str, hard: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "ResourceQuota",
         "metadata": {"name": name, "namespace": NS}, "spec": {"hard": hard}})
 }
 
-fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
+pub(crate) fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
             "labels": {"vgpu.io/managed": "true"}},
@@ -89,7 +89,7 @@ fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
                     {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]}})
 }
 
-fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
+pub(crate) fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": format!("review-{}", pod["metadata"]["name"].as_str().unwrap_or("")),
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
@@ -101,7 +101,7 @@ fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
 }
 
 impl Cluster {
-    async fn validate(&self, replica: usize, pod: &Value, dry_run: bool) -> Value {
+    pub(crate) async fn validate(&self, replica: usize, pod: &Value, dry_run: bool) -> Value {
         let addr = self.webhooks[replica].1;
         let reply = https::request(
             addr,
@@ -122,7 +122,7 @@ impl Cluster {
     }
 
     /// Sends every pod at once, spread over the replicas; returns the responses in pod order.
-    async fn validate_all(&self, pods: &[Value]) -> Vec<Value> {
+    pub(crate) async fn validate_all(&self, pods: &[Value]) -> Vec<Value> {
         let mut tasks = Vec::new();
         for (i, pod) in pods.iter().enumerate() {
             let addr = self.webhooks[i % self.webhooks.len()].1;
@@ -191,7 +191,7 @@ impl Cluster {
     }
 }
 
-fn allowed(responses: &[Value]) -> usize {
+pub(crate) fn allowed(responses: &[Value]) -> usize {
     responses.iter().filter(|r| r["allowed"] == true).count()
 }
 

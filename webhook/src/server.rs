@@ -90,12 +90,12 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-/// Ready once the validator's caches hold a complete LIST (always, without API access).
+/// Ready while the validator's caches hold a complete LIST and their watches are healthy (always,
+/// without API access); the 503 body names each cache that is not and why.
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.validator.ready() {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced").into_response()
+    match state.validator.readiness() {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 

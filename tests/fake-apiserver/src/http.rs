@@ -6,7 +6,7 @@
 //! Verbs: GET (get, list, `watch=true`), POST (create; `pods/NAME/binding`), PUT (update), PATCH,
 //! DELETE. `dryRun=All` validates without persisting ("Dry-run").
 
-use crate::faults::RequestRecord;
+use crate::faults::{Effect, RequestRecord};
 use crate::resources::{lookup, ResourceType};
 use crate::selector::Selector;
 use crate::status::ApiError;
@@ -18,7 +18,6 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,12 +142,28 @@ pub async fn handle(
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&body).into_owned(),
     });
-    let (delay, fail) = shared.faults().take(method.as_str(), &path);
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+    let q = query_map(&query);
+    let target = parse_path(&path);
+    let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = crate::faults::verb(
+        method.as_str(),
+        target.as_ref().is_some_and(|t| t.name.is_some()),
+        watch,
+    );
+    let outcome = shared.faults().take(method.as_str(), verb, &path);
+    if !outcome.delay.is_zero() {
+        tokio::time::sleep(outcome.delay).await;
     }
-    if let Some(code) = fail {
-        return error(&ApiError::injected(code));
+    match outcome.effect {
+        Effect::Delay => {}
+        Effect::Fail(code) => return error(&ApiError::injected(code)),
+        Effect::ExpireWatch => {
+            let rv = q
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            return watch_body(expired(rv), Duration::from_secs(60));
+        }
     }
     if path == "/version" {
         // `GET /version`: the server's build, as `kubectl version` reads it.
@@ -158,7 +173,7 @@ pub async fn handle(
             "gitVersion": "v1.33.0-fake", "platform": "linux/amd64"}),
         );
     }
-    let Some(target) = parse_path(&path) else {
+    let Some(target) = target else {
         return error(&ApiError {
             code: 404,
             reason: "NotFound",
@@ -166,7 +181,6 @@ pub async fn handle(
             details: None,
         });
     };
-    let q = query_map(&query);
     match dispatch(&shared, &method, target, &q, &content_type, &body) {
         Ok(Reply::Object(code, v)) => json_response(code, &v),
         Ok(Reply::Watch(rx, timeout)) => watch_body(rx, timeout),
@@ -231,16 +245,7 @@ fn dispatch(
                 .map_or(Duration::from_secs(1800), Duration::from_secs);
             match store.watch(&t.rt, params) {
                 Ok(rx) => Ok(Reply::Watch(rx, timeout)),
-                Err(e) if e.code == 410 => {
-                    // An expired version is reported inside the watch stream as an ERROR event
-                    // carrying a 410 Status, the way the watch cache answers.
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                    let _ = tx.send(crate::store::WatchEvent {
-                        kind: "ERROR",
-                        object: e.to_status(),
-                    });
-                    Ok(Reply::Watch(rx, timeout))
-                }
+                Err(e) if e.code == 410 => Ok(Reply::Watch(expired(rv.unwrap_or(0)), timeout)),
                 Err(e) => Err(e),
             }
         }
@@ -326,13 +331,27 @@ fn dispatch(
     }
 }
 
+/// A watch stream holding one ERROR event with a 410 Expired Status: an expired version is
+/// reported inside the watch response, not as an HTTP error, the way the watch cache answers.
+fn expired(rv: u64) -> tokio::sync::mpsc::UnboundedReceiver<crate::store::WatchEvent> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let _ = tx.send(crate::store::WatchEvent {
+        kind: "ERROR",
+        object: ApiError::gone(rv).to_status(),
+    });
+    rx
+}
+
 fn watch_body(
     rx: tokio::sync::mpsc::UnboundedReceiver<crate::store::WatchEvent>,
     timeout: Duration,
 ) -> Response {
     let deadline = tokio::time::Instant::now() + timeout;
     // A watch is one long response of newline-separated JSON events ("Efficient detection of
-    // changes"); it ends at `timeoutSeconds` or after an ERROR event.
+    // changes"); it ends at `timeoutSeconds` or after an ERROR event. An ABORT from the store
+    // ends the body with an error, so the server cuts the connection without finishing the
+    // response (no last chunk over HTTP/1.1, RST_STREAM over HTTP/2): what a client sees when
+    // the API server process dies or a load balancer drops the connection.
     let stream = futures::stream::unfold(
         (rx, deadline, false),
         |(mut rx, deadline, done)| async move {
@@ -343,12 +362,19 @@ fn watch_body(
                 .await
                 .ok()
                 .flatten()?;
+            if ev.kind == crate::store::ABORT {
+                let cut = std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "watch dropped by fault injection",
+                );
+                return Some((Err(cut), (rx, deadline, true)));
+            }
             let last = ev.kind == "ERROR";
             let mut line = json!({"type": ev.kind, "object": ev.object})
                 .to_string()
                 .into_bytes();
             line.push(b'\n');
-            Some((Ok::<_, Infallible>(Bytes::from(line)), (rx, deadline, last)))
+            Some((Ok(Bytes::from(line)), (rx, deadline, last)))
         },
     );
     (

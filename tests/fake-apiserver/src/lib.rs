@@ -9,8 +9,10 @@
 //! [`FakeApiServer::create`], [`FakeApiServer::get`] and [`FakeApiServer::list`]; break things with
 //! [`FakeApiServer::fail_next`], [`FakeApiServer::fail_matching`], [`FakeApiServer::delay_matching`],
 //! [`FakeApiServer::set_down`] and [`FakeApiServer::compact`] (watches from older versions then
-//! get 410); assert on traffic with [`FakeApiServer::requests`]. Any `group/version/plural` can be
-//! stored; the known core types (pods, namespaces, nodes, resourcequotas, events, configmaps,
+//! get 410), or per Kubernetes verb with [`FakeApiServer::fail_verb`],
+//! [`FakeApiServer::delay_verb`] and [`FakeApiServer::expire_next_watches`]; cut open watches
+//! with [`FakeApiServer::drop_watches`]; assert on traffic with [`FakeApiServer::requests`].
+//! Any `group/version/plural` can be stored; the known core types (pods, namespaces, nodes, resourcequotas, events, configmaps,
 //! secrets, leases, webhook configurations) get their real kind, scope and status subresource.
 //! Each behaviour cites the Kubernetes API documentation it copies in the module that has it:
 //! [`store`] (versions, conflicts, watch semantics), [`http`] (paths, verbs, dry-run),
@@ -26,7 +28,7 @@ pub mod store;
 mod tls;
 
 use base64::Engine;
-use faults::{Fault, Faults, RequestRecord};
+use faults::{Effect, Fault, Faults, RequestRecord};
 use serde_json::{json, Value};
 use status::ApiError;
 use std::net::SocketAddr;
@@ -310,6 +312,11 @@ impl FakeApiServer {
         self.shared.store().close_watches();
     }
 
+    /// Cuts every open watch's connection mid-stream (clients see a read error, then re-watch).
+    pub fn drop_watches(&self) {
+        self.shared.store().drop_watches();
+    }
+
     /// Number of open watches.
     pub fn watch_count(&self) -> usize {
         self.shared.store().watch_count()
@@ -328,13 +335,14 @@ impl FakeApiServer {
         n: usize,
         code: u16,
     ) {
-        self.shared.faults().add(Fault {
-            method: method.map(str::to_string),
-            path_contains: path_contains.map(str::to_string),
-            remaining: n,
-            code: Some(code),
-            delay: Duration::ZERO,
-        });
+        self.add_fault(
+            method,
+            None,
+            path_contains,
+            n,
+            Effect::Fail(code),
+            Duration::ZERO,
+        );
     }
 
     /// The next `n` matching requests wait `delay` before being served.
@@ -345,11 +353,63 @@ impl FakeApiServer {
         n: usize,
         delay: Duration,
     ) {
+        self.add_fault(method, None, path_contains, n, Effect::Delay, delay);
+    }
+
+    /// The next `n` requests of a Kubernetes verb (`list`, `watch`, `get`, `patch`, ...) on a
+    /// path containing `path_contains` fail with `code` (`n = usize::MAX`: until
+    /// [`FakeApiServer::clear_faults`]). `list` and `watch` are both `GET` on a collection; the
+    /// verb tells them apart.
+    pub fn fail_verb(&self, verb: &str, path_contains: Option<&str>, n: usize, code: u16) {
+        self.add_fault(
+            None,
+            Some(verb),
+            path_contains,
+            n,
+            Effect::Fail(code),
+            Duration::ZERO,
+        );
+    }
+
+    /// The next `n` requests of a verb wait `delay` before being served (a slow etcd, an
+    /// overloaded server).
+    pub fn delay_verb(&self, verb: &str, path_contains: Option<&str>, n: usize, delay: Duration) {
+        self.add_fault(None, Some(verb), path_contains, n, Effect::Delay, delay);
+    }
+
+    /// The next `n` watches on a path containing `path_contains` are answered with a 410
+    /// Expired ERROR event, as when their resourceVersion is older than the server keeps.
+    pub fn expire_next_watches(&self, path_contains: Option<&str>, n: usize) {
+        self.add_fault(
+            None,
+            Some("watch"),
+            path_contains,
+            n,
+            Effect::ExpireWatch,
+            Duration::ZERO,
+        );
+    }
+
+    /// Forgets every fault rule and the [`FakeApiServer::set_down`] switch.
+    pub fn clear_faults(&self) {
+        self.shared.faults().clear();
+    }
+
+    fn add_fault(
+        &self,
+        method: Option<&str>,
+        verb: Option<&str>,
+        path_contains: Option<&str>,
+        n: usize,
+        effect: Effect,
+        delay: Duration,
+    ) {
         self.shared.faults().add(Fault {
             method: method.map(str::to_string),
+            verb: verb.map(str::to_string),
             path_contains: path_contains.map(str::to_string),
             remaining: n,
-            code: None,
+            effect,
             delay,
         });
     }

@@ -29,6 +29,10 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+/// Internal event kind (never sent on the wire) that makes the HTTP layer cut a watch's
+/// connection mid-stream.
+pub const ABORT: &str = "ABORT";
+
 /// One watch event as sent on the wire (`{"type": ..., "object": ...}`).
 #[derive(Debug, Clone)]
 pub struct WatchEvent {
@@ -592,6 +596,17 @@ impl Store {
     /// clients re-watch from the last version they saw.
     pub fn close_watches(&mut self) {
         self.watchers.clear();
+    }
+
+    /// Cuts every open watch's connection mid-stream, as an API server that crashes, or a load
+    /// balancer that drops connections, does: clients see a read error, not a clean end.
+    pub fn drop_watches(&mut self) {
+        for w in self.watchers.drain(..) {
+            let _ = w.tx.send(WatchEvent {
+                kind: ABORT,
+                object: Value::Null,
+            });
+        }
     }
 
     /// Number of open watches (closed ones are noticed on the next event).

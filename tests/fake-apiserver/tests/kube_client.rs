@@ -161,3 +161,171 @@ async fn watcher_sees_changes_bookmarks_and_recovers_from_410() {
         .count();
     assert_eq!(lists, 2, "one initial list and one re-list after 410");
 }
+
+type Events = tokio::sync::mpsc::UnboundedReceiver<Result<watcher::Event<Pod>, watcher::Error>>;
+
+/// Runs a watcher in a task (it must be polled to re-watch) and hands its events over.
+fn spawn_watcher(pods: Api<Pod>) -> Events {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut w = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(ev) = w.next().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Next event within `t`, panicking on a timeout or the end of the stream.
+async fn next_event(w: &mut Events, t: Duration) -> Result<watcher::Event<Pod>, watcher::Error> {
+    tokio::time::timeout(t, w.recv())
+        .await
+        .expect("watcher event in time")
+        .expect("watcher stream ended")
+}
+
+/// A cut watch connection: kube-rs reads the unfinished chunked body as an `UnexpectedEof`, which
+/// it treats as a resumable end (kube-client's `request_events`), so the watcher re-watches from
+/// its last version without reporting an error, and nothing is missed.
+#[tokio::test]
+async fn dropped_watch_is_resumed_from_its_version_without_a_relist() {
+    let api = FakeApiServer::start().await.unwrap();
+    let (c, _d) = client(&api).await;
+    let pods: Api<Pod> = Api::namespaced(c, "a");
+    let mut w = spawn_watcher(pods.clone());
+    while !matches!(
+        next_event(&mut w, Duration::from_secs(10)).await,
+        Ok(watcher::Event::InitDone)
+    ) {}
+    vgpu_tests_wait(|| api.watch_count() == 1).await;
+    api.drop_watches();
+    pods.create(&PostParams::default(), &pod("after-drop", json!({})))
+        .await
+        .unwrap();
+    match next_event(&mut w, Duration::from_secs(10)).await {
+        Ok(watcher::Event::Apply(p)) => assert_eq!(p.metadata.name.unwrap(), "after-drop"),
+        other => panic!("expected the create, got {other:?}"),
+    }
+    let reqs = api.requests();
+    let lists = reqs.iter().filter(|r| r.method == "GET" && !r.is_watch());
+    assert_eq!(lists.count(), 1, "a re-watch from the version, no re-list");
+    let watches: Vec<_> = reqs.iter().filter(|r| r.is_watch()).collect();
+    assert_eq!(watches.len(), 2);
+    assert!(
+        watches[1].query.contains("resourceVersion="),
+        "{:?}",
+        watches[1]
+    );
+}
+
+/// On the wire, a dropped watch ends without HTTP/1.1's last chunk (`0\r\n\r\n`), while a closed
+/// one (the server's timeout) ends with it.
+#[tokio::test]
+async fn dropped_watch_cuts_the_connection_closed_watch_ends_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = FakeApiServer::start_with(vgpu_fake_apiserver::Options {
+        tls: false,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for (cut, end) in [(true, false), (false, true)] {
+        let mut s = tokio::net::TcpStream::connect(api.addr()).await.unwrap();
+        s.write_all(b"GET /api/v1/namespaces/a/pods?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        vgpu_tests_wait(|| api.watch_count() == 1).await;
+        if cut {
+            api.drop_watches();
+        } else {
+            api.close_watches();
+        }
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+                .await
+                .unwrap();
+            match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+            }
+            if raw.ends_with(b"0\r\n\r\n") {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert_eq!(text.ends_with("0\r\n\r\n"), end, "{text}");
+    }
+}
+
+#[tokio::test]
+async fn expired_watch_is_an_error_event_410_and_the_watcher_relists() {
+    let api = FakeApiServer::start().await.unwrap();
+    let (c, _d) = client(&api).await;
+    let pods: Api<Pod> = Api::namespaced(c, "a");
+    let mut w = spawn_watcher(pods.clone());
+    while !matches!(
+        next_event(&mut w, Duration::from_secs(10)).await,
+        Ok(watcher::Event::InitDone)
+    ) {}
+    vgpu_tests_wait(|| api.watch_count() == 1).await;
+    api.expire_next_watches(Some("/pods"), 1);
+    // A clean end (as `timeoutSeconds` ends a watch): the re-watch is the one answered 410.
+    api.close_watches();
+    match next_event(&mut w, Duration::from_secs(10)).await {
+        Err(watcher::Error::WatchError(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
+            assert!(s.message.starts_with("too old resource version"), "{s:?}");
+        }
+        other => panic!("expected a 410 watch event, got {other:?}"),
+    }
+    assert!(matches!(
+        next_event(&mut w, Duration::from_secs(10)).await,
+        Ok(watcher::Event::Init)
+    ));
+}
+
+#[tokio::test]
+async fn list_faults_match_the_list_verb_only_until_cleared() {
+    let api = FakeApiServer::start().await.unwrap();
+    let (c, _d) = client(&api).await;
+    let pods: Api<Pod> = Api::namespaced(c, "a");
+    pods.create(&PostParams::default(), &pod("x", json!({})))
+        .await
+        .unwrap();
+    api.fail_verb("list", Some("/pods"), usize::MAX, 500);
+    for _ in 0..3 {
+        match pods.list(&ListParams::default()).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!((s.code, s.reason.as_str()), (500, "InternalError"))
+            }
+            other => panic!("expected 500, got {other:?}"),
+        }
+    }
+    // A get of one object is not a list.
+    assert!(pods.get("x").await.is_ok());
+    api.clear_faults();
+    api.delay_verb("list", None, 1, Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300));
+}
+
+/// Polls `f` for up to 10 s.
+async fn vgpu_tests_wait(f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -8,6 +8,17 @@
 //! cargo build --release --workspace --bins
 //! target/release/vgpu-validate-load --requests 2000
 //! ```
+//!
+//! With `--duration SECS` it is a soak instead (see docs/soak.md): steady `/mutate` + `/validate`
+//! load on a few keep-alive connections while pods come and go in the API, sampling the webhook
+//! process's resident memory (`/proc/PID/status` VmRSS) and open descriptors (`/proc/PID/fd`)
+//! every `--sample-seconds`; it exits non-zero when any request failed or was answered wrongly,
+//! when RSS in the last minute grew more than `--rss-tolerance` over the first minute after
+//! warm-up, or when the descriptor count grew.
+//!
+//! ```text
+//! target/release/vgpu-validate-load --pods 5000 --vgpu-pods 1000 --namespaces 200 --duration 600
+//! ```
 
 use anyhow::Context;
 use clap::Parser;
@@ -17,6 +28,9 @@ use std::time::{Duration, Instant};
 use vgpu_fake_apiserver::FakeApiServer;
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
+
+#[path = "validate_load/soak.rs"]
+mod soak;
 
 #[derive(Parser, Debug)]
 #[command(about = "Scale and latency check of vgpu-webhook /validate against the fake API server")]
@@ -33,9 +47,30 @@ struct Args {
     /// Measured requests per kind.
     #[arg(long, default_value_t = 2_000)]
     requests: usize,
+    /// Soak for this many seconds instead of measuring latency.
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Soak: seconds at the start not compared (caches fill, reservations reach their TTL).
+    #[arg(long, default_value_t = 90)]
+    warmup: u64,
+    /// Soak: length of the first and last windows compared, seconds.
+    #[arg(long, default_value_t = 60)]
+    window: u64,
+    /// Soak: seconds between samples of RSS and descriptors.
+    #[arg(long, default_value_t = 5)]
+    sample_seconds: u64,
+    /// Soak: concurrent keep-alive connections.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Soak: most RSS growth allowed, last window's mean over the first window's mean.
+    #[arg(long, default_value_t = 0.10)]
+    rss_tolerance: f64,
+    /// Soak: most open descriptors allowed beyond the first window's maximum.
+    #[arg(long, default_value_t = 2)]
+    fd_slack: usize,
 }
 
-fn pod(ns: &str, name: &str, vgpu: bool) -> Value {
+pub(crate) fn pod(ns: &str, name: &str, vgpu: bool) -> Value {
     let (labels, limits) = if vgpu {
         (
             json!({"app": "train", "vgpu.io/managed": "true"}),
@@ -53,7 +88,7 @@ fn pod(ns: &str, name: &str, vgpu: bool) -> Value {
         "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 
-fn review(pod: &Value, uid: &str) -> Vec<u8> {
+pub(crate) fn review(pod: &Value, uid: &str) -> Vec<u8> {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
@@ -62,7 +97,7 @@ fn review(pod: &Value, uid: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn rss_mib(pid: u32) -> Option<f64> {
+pub(crate) fn rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
@@ -135,6 +170,10 @@ async fn main() -> anyhow::Result<()> {
         "webhook RSS after sync: {:.1} MiB",
         rss_mib(proc.pid()).unwrap_or(-1.0)
     );
+    if let Some(secs) = args.duration {
+        drop(conn);
+        return soak::run(&args, secs, &api, proc.pid(), addr, tls).await;
+    }
 
     let mut results = Vec::new();
     for (label, path) in [

@@ -3,8 +3,13 @@
 //!
 //! Each is fed by a kube-runtime watcher (LIST, then WATCH from its resourceVersion, re-LIST on
 //! 410 Gone), whose `Init … InitDone` sequence replaces the cached set atomically. A watcher error
-//! marks its cache *unsynced* until the next complete LIST, so decisions never rest on a cache
-//! that may have missed events: the caller then LISTs afresh (see `view`).
+//! after the cache was complete marks it *unsynced* and restarts the watcher, so the cache is
+//! rebuilt from a fresh LIST, as client-go's reflector re-lists after a failed watch: kube-runtime
+//! re-watches from its last version without telling when that succeeded, so only a new
+//! `InitDone` says the cache is whole again. Meanwhile decisions never rest on a cache that may
+//! have missed events: the validator LISTs the namespace afresh. A clean end of a watch (the server's
+//! timeout, or a connection cut mid-stream, which kube-rs reads as a resumable end) is no error:
+//! the watcher re-watches from its version and misses nothing.
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
@@ -13,7 +18,8 @@ use kube::runtime::WatchStreamExt;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 use vgpu_core::annotations::{MANAGED_SELECTOR, NODE_DEVICES};
 use vgpu_core::inventory::NodeInventory;
 use vgpu_core::request::RequestPolicy;
@@ -45,6 +51,15 @@ pub struct ClusterCache {
     quotas_synced: AtomicBool,
     pods_synced: AtomicBool,
     nodes_synced: AtomicBool,
+    /// Per cache, since when it has been unsynced after having been complete, and the last error.
+    trouble: Mutex<HashMap<&'static str, Trouble>>,
+}
+
+/// A watch that failed after its cache was complete.
+#[derive(Debug, Clone)]
+struct Trouble {
+    since: Instant,
+    error: String,
 }
 
 impl ClusterCache {
@@ -53,6 +68,56 @@ impl ClusterCache {
         self.quotas_synced.load(Ordering::Acquire)
             && self.pods_synced.load(Ordering::Acquire)
             && self.nodes_synced.load(Ordering::Acquire)
+    }
+
+    /// Why the caches are not all complete, for `/readyz`: one clause per cache that is not, e.g.
+    /// `pods: watch failing for 12 s (last error: ...)` or `nodes: initial list not complete`.
+    /// `None` when [`Self::synced`].
+    pub fn unsynced_reason(&self) -> Option<String> {
+        let trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        let clauses: Vec<String> = [
+            ("resourcequotas", &self.quotas_synced),
+            ("pods", &self.pods_synced),
+            ("nodes", &self.nodes_synced),
+        ]
+        .into_iter()
+        .filter(|(_, synced)| !synced.load(Ordering::Acquire))
+        .map(|(what, _)| match trouble.get(what) {
+            Some(t) => format!(
+                "{what}: watch failing for {} s, re-listing (last error: {})",
+                t.since.elapsed().as_secs(),
+                t.error
+            ),
+            None => format!("{what}: initial list not complete"),
+        })
+        .collect();
+        (!clauses.is_empty()).then(|| clauses.join("; "))
+    }
+
+    fn note_trouble(&self, what: &'static str, error: String) {
+        let mut t = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        match t.get_mut(what) {
+            Some(old) => old.error = error,
+            None => {
+                t.insert(
+                    what,
+                    Trouble {
+                        since: Instant::now(),
+                        error,
+                    },
+                );
+            }
+        }
+    }
+
+    fn trouble_known(&self, what: &'static str) -> bool {
+        let t = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        t.contains_key(what)
+    }
+
+    fn clear_trouble(&self, what: &'static str) {
+        let mut t = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        t.remove(what);
     }
 
     /// Whether the quota cache is complete.
@@ -313,8 +378,16 @@ fn apply_namespaced<T>(
     }
 }
 
-/// Runs one watcher, handing each change to `apply`. Objects are not kept here: `apply` reduces
-/// them to the few fields a decision reads, which keeps 20 000 pods small.
+/// Pause before a watcher that failed after its cache was complete starts over with a LIST; it
+/// doubles on each restart up to [`RESTART_MAX`], and is back to this after a run that stayed
+/// healthy for [`RESTART_RESET`]. (Failures of the LIST itself are retried by kube-runtime's own
+/// backoff, 0.8 s doubling to 30 s.)
+const RESTART_MIN: Duration = Duration::from_millis(250);
+const RESTART_MAX: Duration = Duration::from_secs(30);
+const RESTART_RESET: Duration = Duration::from_secs(60);
+
+/// Runs one watcher forever, handing each change to `apply`. Objects are not kept here: `apply`
+/// reduces them to the few fields a decision reads, which keeps 20 000 pods small.
 async fn run_watcher(
     api: Api<DynamicObject>,
     config: watcher::Config,
@@ -323,8 +396,35 @@ async fn run_watcher(
     cache: Arc<ClusterCache>,
     set_synced: fn(&ClusterCache, bool),
 ) {
+    let mut pause = RESTART_MIN;
+    loop {
+        let started = Instant::now();
+        watch_until_failure(&api, &config, what, &apply, &cache, set_synced).await;
+        pause = if started.elapsed() > RESTART_RESET {
+            RESTART_MIN
+        } else {
+            (pause * 2).min(RESTART_MAX)
+        };
+        // Not a test sleep: the backoff between two full LISTs of a failing watch.
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// One watcher from a fresh LIST until it fails after its cache was complete (the cache is then
+/// unsynced and the caller starts over) or its stream ends.
+async fn watch_until_failure(
+    api: &Api<DynamicObject>,
+    config: &watcher::Config,
+    what: &'static str,
+    apply: &(impl Fn(Change<'_>) + Send + 'static),
+    cache: &ClusterCache,
+    set_synced: fn(&ClusterCache, bool),
+) {
     let mut pending: Option<Vec<(Key, Value)>> = None;
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut complete = false;
+    let mut stream = watcher::watcher(api.clone(), config.clone())
+        .default_backoff()
+        .boxed();
     let key = |o: &DynamicObject| {
         (
             o.metadata.namespace.clone().unwrap_or_default(),
@@ -344,15 +444,26 @@ async fn run_watcher(
             Ok(Event::InitDone) => {
                 let all = pending.take().unwrap_or_default();
                 apply(Change::Replace(&all));
-                set_synced(&cache, true);
+                set_synced(cache, true);
+                cache.clear_trouble(what);
+                complete = true;
                 tracing::info!(resource = what, objects = all.len(), "cache synced");
             }
             Ok(Event::Apply(o)) => apply(Change::Apply(&key(&o), &slim(to_value(&o)))),
             Ok(Event::Delete(o)) => apply(Change::Delete(&key(&o))),
-            Err(e) => {
+            Err(e) if complete => {
                 // Events may have been missed: decisions LIST afresh until the next complete LIST.
-                set_synced(&cache, false);
-                tracing::warn!(resource = what, error = %e, "watch failed; cache marked unsynced");
+                set_synced(cache, false);
+                cache.note_trouble(what, e.to_string());
+                tracing::warn!(resource = what, error = %e, "watch failed; cache marked unsynced, re-listing");
+                return;
+            }
+            Err(e) => {
+                // The LIST (or the first watch) failed: kube-runtime retries it with backoff.
+                if cache.trouble_known(what) {
+                    cache.note_trouble(what, e.to_string());
+                }
+                tracing::warn!(resource = what, error = %e, "listing failed; retrying");
             }
         }
     }
@@ -460,6 +571,29 @@ pub async fn list_quotas(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn unsynced_reason_names_each_incomplete_cache() {
+        let c = ClusterCache::default();
+        assert_eq!(
+            c.unsynced_reason().as_deref(),
+            Some("resourcequotas: initial list not complete; pods: initial list not complete; nodes: initial list not complete")
+        );
+        c.load_quotas([]);
+        c.load_pods([]);
+        c.load_cards([]);
+        assert!(c.synced());
+        assert_eq!(c.unsynced_reason(), None);
+        c.pods_synced.store(false, Ordering::Release);
+        c.note_trouble("pods", "connection refused".into());
+        assert_eq!(
+            c.unsynced_reason().as_deref(),
+            Some("pods: watch failing for 0 s, re-listing (last error: connection refused)")
+        );
+        c.clear_trouble("pods");
+        c.pods_synced.store(true, Ordering::Release);
+        assert_eq!(c.unsynced_reason(), None);
+    }
 
     #[test]
     fn slim_keeps_what_decisions_read() {

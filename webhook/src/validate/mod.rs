@@ -133,9 +133,21 @@ impl Validator {
         }
     }
 
-    /// Ready when there is no API to sync with, or every cache holds a complete LIST.
+    /// Ready when there is no API to sync with, or every cache holds a complete LIST and its watch
+    /// is healthy.
     pub fn ready(&self) -> bool {
         self.client.is_none() || self.cache.synced()
+    }
+
+    /// `Ok` when [`Self::ready`], else why not (for `/readyz`'s body).
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.client.is_none() {
+            return Ok(());
+        }
+        match self.cache.unsynced_reason() {
+            None => Ok(()),
+            Some(why) => Err(format!("caches not synced: {why}")),
+        }
     }
 
     /// The cache (for readiness details and tests).
