@@ -7,6 +7,7 @@ mod device_plugin;
 mod e2e;
 mod helm;
 mod hook;
+mod hostile;
 mod metrics;
 mod scheduler;
 mod validate;

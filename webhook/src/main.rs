@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use std::sync::Arc;
 use std::time::Duration;
+use vgpu_serve::tls::ClientAuth;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, AppState};
@@ -18,15 +19,18 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     let settings = cli.settings()?;
+    match vgpu_serve::raise_nofile_limit() {
+        Ok(l) => tracing::debug!(before = l.before, now = l.now, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     // The watcher lives as long as main: certificate files are reloaded while we serve.
     let (tls_config, _cert_watcher) = match &settings.cert {
         CertSource::Files { cert, key } => {
-            let reloading = tls::reloading_server_config(cert, key)?;
+            let reloading = tls::reloading_server_config(cert, key, &settings.client_auth)?;
             (reloading.config, Some(reloading.watcher))
         }
-        CertSource::SelfSigned => (tls::dev_server_config()?, None),
+        CertSource::SelfSigned => (tls::dev_server_config(&settings.client_auth)?, None),
     };
-    let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
     let metrics = Arc::new(Metrics::new());
     let validator = match kube_client(settings.kubeconfig.as_deref()).await? {
         Some(client) => Validator::connected(settings.validate.clone(), client, metrics.clone()),
@@ -38,30 +42,32 @@ async fn main() -> anyhow::Result<()> {
     let state = AppState::with_validator(settings.mutate.clone(), validator, metrics);
     let router = app(Arc::new(state));
 
-    let handle = axum_server::Handle::new();
-    let shutdown = handle.clone();
-    tokio::spawn(async move {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    if let ClientAuth::Required(ca) = &settings.client_auth {
+        tracing::info!(client_ca = %ca.display(), "client certificates required");
+    }
+    tracing::info!(%addr, "listening");
+    if settings.dev {
+        println!(
+            "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
+        );
+    }
+    let shutdown = async {
         shutdown_signal().await;
         tracing::info!("shutting down");
-        shutdown.graceful_shutdown(Some(Duration::from_secs(10)));
-    });
-    let listening = handle.clone();
-    let dev = settings.dev;
-    tokio::spawn(async move {
-        if let Some(addr) = listening.listening().await {
-            tracing::info!(%addr, "listening");
-            if dev {
-                println!(
-                    "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
-                );
-            }
-        }
-    });
-    axum_server::bind_rustls(settings.listen, rustls_config)
-        .handle(handle)
-        .serve(router.into_make_service())
-        .await
-        .with_context(|| format!("serving on {}", settings.listen))?;
+    };
+    vgpu_serve::serve(
+        listener,
+        Some(tls_config),
+        router,
+        settings.limits.clone(),
+        shutdown,
+    )
+    .await
+    .with_context(|| format!("serving on {addr}"))?;
     Ok(())
 }
 
