@@ -881,8 +881,17 @@ fn chart_turns_on_extender_https_and_webhook_client_certificates() {
             cm["data"][ca_name].as_str().unwrap().trim(),
             client_ca.trim()
         );
-        // The kubelet's probes carry no client certificate.
-        assert!(wh["readinessProbe"]["tcpSocket"].is_object(), "{wh}");
+        // The kubelet's probes carry no client certificate: they use the plain health port.
+        assert_eq!(wh["readinessProbe"]["httpGet"]["port"], "health", "{wh}");
+        assert!(
+            wa.contains(&"--health-listen=0.0.0.0:8081".to_string()),
+            "{wa:?}"
+        );
+        assert!(wh["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "health" && p["containerPort"] == 8081));
         // The real webhook accepts the flags the chart writes.
         let cli = vgpu_webhook::cli::Cli::try_parse_from(
             std::iter::once("vgpu-webhook".to_string()).chain(wa.iter().cloned()),

@@ -402,7 +402,11 @@ async fn client_certificates_are_verified(kind: Kind) {
     let client_ca = dir.path().join("client-ca.crt");
     std::fs::write(&client_ca, &clients.ca_pem).unwrap();
     let flag = format!("--client-ca={}", client_ca.display());
-    let t = start_in(kind, dir, &cert, &key, pki, &[flag.as_str()]).await;
+    let mut flags = vec![flag.as_str()];
+    if kind == Kind::Webhook {
+        flags.push("--health-listen=127.0.0.1:0");
+    }
+    let mut t = start_in(kind, dir, &cert, &key, pki, &flags).await;
 
     let send = |tls: rustls::ClientConfig| {
         let (addr, path, body) = (t.addr, t.path, t.body());
@@ -422,6 +426,29 @@ async fn client_certificates_are_verified(kind: Kind) {
         .await
         .unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
+    if kind == Kind::Webhook {
+        // Probes and scrapers without a certificate use the plain health port, which serves
+        // nothing else.
+        let line = t
+            .proc
+            .wait_for_line(WAIT, |l| l.contains("health endpoints served"));
+        let health = addr_after(&line);
+        for (req, want) in [
+            ("GET /readyz HTTP/1.1", "HTTP/1.1 200"),
+            ("GET /metrics HTTP/1.1", "HTTP/1.1 200"),
+            ("POST /mutate HTTP/1.1", "HTTP/1.1 404"),
+        ] {
+            let mut s = tokio::net::TcpStream::connect(health).await.unwrap();
+            let msg = format!(
+                "{req}\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(msg.as_bytes()).await.unwrap();
+            let (got, _) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+            let text = String::from_utf8_lossy(&got);
+            assert!(text.starts_with(want), "{req}: {text}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

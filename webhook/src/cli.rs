@@ -82,6 +82,10 @@ pub struct Cli {
     /// kubeconfig); without it no client certificate is asked for.
     #[arg(long, env = "VGPU_WEBHOOK_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// Also serve /healthz, /readyz and /metrics (only those) over plain HTTP here, for probes and
+    /// scrapers that cannot present a client certificate when `--client-ca` is set.
+    #[arg(long, env = "VGPU_WEBHOOK_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     /// A TLS handshake, or a request head from its first byte, must arrive within this
     /// (`10s`, `500ms`, `2m`); else the connection is closed.
     #[arg(long, env = "VGPU_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s",
@@ -136,6 +140,8 @@ pub struct Settings {
     pub dev: bool,
     /// Client certificates asked for.
     pub client_auth: ClientAuth,
+    /// Plain-HTTP health and metrics listener, if any.
+    pub health_listen: Option<SocketAddr>,
     /// Timeouts and the body limit of every connection.
     pub limits: Limits,
 }
@@ -176,6 +182,7 @@ impl Cli {
                 runtime_class: self.runtime_class.clone().filter(|s| !s.is_empty()),
             },
             dev: self.dev,
+            health_listen: self.health_listen,
             client_auth: match &self.client_ca {
                 Some(ca) => ClientAuth::Required(ca.clone()),
                 None => ClientAuth::None,
@@ -260,6 +267,8 @@ mod tests {
             "2s",
             "--idle-timeout",
             "1m",
+            "--health-listen",
+            "0.0.0.0:8081",
         ])
         .unwrap();
         let s = cli.settings().unwrap();
@@ -267,6 +276,7 @@ mod tests {
         assert_eq!(s.limits.header_read_timeout, Duration::from_millis(500));
         assert_eq!(s.limits.body_read_timeout, Duration::from_secs(2));
         assert_eq!(s.limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(s.health_listen.map(|a| a.port()), Some(8081));
         let e = Cli::try_parse_from(["vgpu-webhook", "--dev", "--idle-timeout", "0s"])
             .unwrap_err()
             .to_string();

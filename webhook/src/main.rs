@@ -7,7 +7,7 @@ use std::time::Duration;
 use vgpu_serve::tls::ClientAuth;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
 use vgpu_webhook::metrics::Metrics;
-use vgpu_webhook::server::{app, AppState};
+use vgpu_webhook::server::{app, health_app, AppState};
 use vgpu_webhook::tls;
 use vgpu_webhook::validate::Validator;
 
@@ -39,8 +39,36 @@ async fn main() -> anyhow::Result<()> {
             Validator::offline(settings.validate.clone(), metrics.clone())
         }
     };
-    let state = AppState::with_validator(settings.mutate.clone(), validator, metrics);
-    let router = app(Arc::new(state));
+    let state = Arc::new(AppState::with_validator(
+        settings.mutate.clone(),
+        validator,
+        metrics,
+    ));
+    let router = app(state.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let health = match settings.health_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "health endpoints served (plain HTTP)");
+            let limits = vgpu_serve::Limits {
+                max_body: 64 * 1024,
+                ..settings.limits.clone()
+            };
+            Some(tokio::spawn(vgpu_serve::serve(
+                listener,
+                None,
+                health_app(state.clone()),
+                limits,
+                until(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
 
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -55,19 +83,23 @@ async fn main() -> anyhow::Result<()> {
             "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
         );
     }
-    let shutdown = async {
+    tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down");
-    };
+        let _ = stop_tx.send(true);
+    });
     vgpu_serve::serve(
         listener,
         Some(tls_config),
         router,
         settings.limits.clone(),
-        shutdown,
+        until(stop_rx),
     )
     .await
     .with_context(|| format!("serving on {addr}"))?;
+    if let Some(h) = health {
+        h.await?.context("serving health")?;
+    }
     Ok(())
 }
 
