@@ -129,6 +129,8 @@ struct Activity {
     /// Milliseconds since `origin` when the last request finished (or the connection opened).
     last_done: AtomicU64,
     changed: Notify,
+    /// A refusal (413, 408) went out with the request body still on the wire: linger at close.
+    linger: std::sync::atomic::AtomicBool,
 }
 
 const NONE: u64 = u64::MAX;
@@ -152,6 +154,7 @@ impl Activity {
             head_since: AtomicU64::new(NONE),
             last_done: AtomicU64::new(0),
             changed: Notify::new(),
+            linger: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -217,10 +220,24 @@ impl Drop for InFlight {
     }
 }
 
-/// The connection's byte stream, telling [`Activity`] when bytes arrive (HTTP/1 only).
+/// How long, and how much, a closing HTTP/1 connection keeps reading (and discarding) after a
+/// refusal, so a client still sending the body it was refused reads the 413 instead of a reset.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// The connection's byte stream, telling [`Activity`] when bytes arrive (HTTP/1 only), and
+/// lingering at close after a refusal.
+///
+/// Lingering close (as nginx's `lingering_close`): a 413 for a declared length is sent before the
+/// body is read, and closing a socket with unread data makes the kernel answer with a reset, which
+/// a client still writing sees as a broken pipe instead of the 413. So after a refusal, shutdown
+/// sends our close (TLS close_notify, TCP FIN) and then reads and drops what the client still sends,
+/// until it closes, [`LINGER`] passes or `linger_budget` bytes were dropped.
 struct Tracked<IO> {
     io: IO,
     activity: Option<Arc<Activity>>,
+    linger_budget: usize,
+    write_shut: bool,
+    drain: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
@@ -240,7 +257,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -251,8 +268,37 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_shut {
+            match Pin::new(&mut this.io).poll_shutdown(cx) {
+                Poll::Ready(Ok(())) => this.write_shut = true,
+                other => return other,
+            }
+        }
+        let linger = this
+            .activity
+            .as_ref()
+            .is_some_and(|a| a.linger.load(Ordering::SeqCst));
+        if !linger {
+            return Poll::Ready(Ok(()));
+        }
+        let deadline = this
+            .drain
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER)));
+        let mut scratch = [0u8; 8192];
+        while this.linger_budget > 0 && deadline.as_mut().poll(cx).is_pending() {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.io).poll_read(cx, &mut buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => break,
+                Poll::Ready(Ok(())) => {
+                    this.linger_budget = this.linger_budget.saturating_sub(buf.filled().len());
+                }
+                Poll::Ready(Err(_)) => break,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
@@ -332,14 +378,23 @@ async fn connection<IO>(
     let io = TokioIo::new(Tracked {
         io,
         activity: (!h2).then(|| activity.clone()),
+        linger_budget: limits.max_body.saturating_mul(2),
+        write_shut: false,
+        drain: None,
     });
     let service = {
         let (activity, limits) = (activity.clone(), limits.clone());
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let in_flight = activity.request_started();
+            let activity = activity.clone();
             let (router, limits) = (router.clone(), limits.clone());
             async move {
                 let resp = respond(req, router, limits).await;
+                if resp.headers().get(axum::http::header::CONNECTION)
+                    == Some(&axum::http::HeaderValue::from_static("close"))
+                {
+                    activity.linger.store(true, Ordering::SeqCst);
+                }
                 drop(in_flight);
                 Ok::<_, std::convert::Infallible>(resp)
             }

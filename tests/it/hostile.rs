@@ -570,3 +570,24 @@ async fn webhook_applies_the_limits_to_http2_too() {
         "closed after {after:?} idle, idle timeout is 2 s"
     );
 }
+
+/// A client that writes its whole oversized body before reading (hyper's client does) still reads
+/// the 413: the server refuses on Content-Length and then lingers, reading and dropping the rest,
+/// instead of closing on unread data (which makes the kernel reset the connection, a broken pipe
+/// for the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_body_sent_whole_still_gets_its_413_not_a_reset() {
+    let t = start(Kind::Webhook, &[]).await;
+    for i in 0..20 {
+        let r = https::request(
+            t.addr,
+            t.tls(),
+            "POST",
+            "/mutate",
+            vec![b' '; 3 * 1024 * 1024 + 1],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("attempt {i}: {e}"));
+        assert_eq!(r.status, 413, "attempt {i}");
+    }
+}
