@@ -7,6 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use vgpu_core::placement::Policy;
+use vgpu_serve::parse_duration;
+use vgpu_serve::tls::ClientAuth;
+use vgpu_serve::Limits;
 
 use crate::server::Settings;
 
@@ -48,6 +51,30 @@ pub struct Cli {
     /// Forget a bound pod not seen back from the API within this many seconds.
     #[arg(long, env = "VGPU_SCHEDULER_ASSUME_TTL", default_value_t = 300)]
     pub assume_ttl_seconds: u64,
+    /// PEM certificate chain: serve the extender API over HTTPS (reloaded when the file changes).
+    /// Without it the extender API is plain HTTP, for a kube-scheduler in the same pod.
+    #[arg(long, env = "VGPU_SCHEDULER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "VGPU_SCHEDULER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM file of the CA(s) whose client certificates may call the extender API (needs
+    /// `--tls-cert`): every client must present a certificate that chains to it.
+    #[arg(long, env = "VGPU_SCHEDULER_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// A TLS handshake, or a request head from its first byte, must arrive within this
+    /// (`10s`, `500ms`, `2m`); else the connection is closed. Both listeners.
+    #[arg(long, env = "VGPU_SCHEDULER_HEADER_READ_TIMEOUT", default_value = "10s",
+        value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A request body must arrive whole within this; else 408 and the connection is closed.
+    #[arg(long, env = "VGPU_SCHEDULER_BODY_READ_TIMEOUT", default_value = "30s",
+        value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+    /// A keep-alive connection with no request for this long is closed.
+    #[arg(long, env = "VGPU_SCHEDULER_IDLE_TIMEOUT", default_value = "90s",
+        value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -75,6 +102,52 @@ impl Cli {
     }
 }
 
+/// The extender API's TLS files, when it serves HTTPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Key.
+    pub key: PathBuf,
+    /// Client certificates asked for.
+    pub client_auth: ClientAuth,
+}
+
+/// Largest body on the metrics listener, which serves only GETs.
+pub const METRICS_MAX_BODY: usize = 64 * 1024;
+
+impl Cli {
+    /// TLS for the extender API, if `--tls-cert` and `--tls-key` were given.
+    pub fn tls(&self) -> Option<Tls> {
+        let (cert, key) = (self.tls_cert.clone()?, self.tls_key.clone()?);
+        Some(Tls {
+            cert,
+            key,
+            client_auth: match &self.client_ca {
+                Some(ca) => ClientAuth::Required(ca.clone()),
+                None => ClientAuth::None,
+            },
+        })
+    }
+
+    /// Connection limits: the extender API's, and the metrics listener's (same timeouts, a small
+    /// body limit).
+    pub fn limits(&self) -> (Limits, Limits) {
+        let api = Limits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_body: crate::server::MAX_BODY,
+            ..Limits::default()
+        };
+        let metrics = Limits {
+            max_body: METRICS_MAX_BODY,
+            ..api.clone()
+        };
+        (api, metrics)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -98,6 +171,11 @@ mod tests {
             (s.node_policy, s.gpu_policy),
             (Policy::Binpack, Policy::Spread)
         );
+        assert_eq!(cli.tls(), None);
+        let (api, metrics) = cli.limits();
+        assert_eq!(api.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(api.idle_timeout, Duration::from_secs(90));
+        assert_eq!((api.max_body, metrics.max_body), (64 << 20, 64 * 1024));
         let e = Cli::try_parse_from(["vgpu-scheduler", "--node-policy=fgd"]).unwrap_err();
         assert!(
             e.to_string().contains("is not one of binpack, spread"),

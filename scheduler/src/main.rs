@@ -28,6 +28,19 @@ async fn main() -> anyhow::Result<()> {
             .context("no kubeconfig and not in a cluster")?,
     };
     let client = kube::Client::try_from(config).context("building the API client")?;
+    match vgpu_serve::raise_nofile_limit() {
+        Ok(l) => tracing::debug!(before = l.before, now = l.now, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+    // The watcher lives as long as main: certificate files are reloaded while we serve.
+    let (tls_config, _cert_watcher) = match cli.tls() {
+        Some(tls) => {
+            let r =
+                vgpu_serve::tls::reloading_server_config(&tls.cert, &tls.key, &tls.client_auth)?;
+            (Some(r.config), Some(r.watcher))
+        }
+        None => (None, None),
+    };
     let state = Arc::new(AppState::new(cli.settings(), Some(client.clone())));
     tokio::spawn(watch::nodes(client.clone(), state.clone()));
     tokio::spawn(watch::pods(client, state.clone()));
@@ -38,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let metrics = tokio::net::TcpListener::bind(cli.metrics_listen)
         .await
         .with_context(|| format!("listening on {}", cli.metrics_listen))?;
-    tracing::info!(addr = %api.local_addr()?, scheduler = %cli.scheduler_name,
+    tracing::info!(addr = %api.local_addr()?, tls = tls_config.is_some(), scheduler = %cli.scheduler_name,
         node_policy = %cli.node_policy, gpu_policy = %cli.gpu_policy, "extender listening");
     tracing::info!(addr = %metrics.local_addr()?, "metrics listening");
 
@@ -51,10 +64,21 @@ async fn main() -> anyhow::Result<()> {
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let serve_api = axum::serve(api, extender_app(state.clone()))
-        .with_graceful_shutdown(until(stop_rx.clone()));
-    let serve_metrics =
-        axum::serve(metrics, metrics_app(state)).with_graceful_shutdown(until(stop_rx));
+    let (api_limits, metrics_limits) = cli.limits();
+    let serve_api = vgpu_serve::serve(
+        api,
+        tls_config,
+        extender_app(state.clone()),
+        api_limits,
+        until(stop_rx.clone()),
+    );
+    let serve_metrics = vgpu_serve::serve(
+        metrics,
+        None,
+        metrics_app(state),
+        metrics_limits,
+        until(stop_rx),
+    );
     let (a, m) = tokio::join!(serve_api, serve_metrics);
     a.context("serving the extender API")?;
     m.context("serving metrics")?;

@@ -1,8 +1,9 @@
-//! Certificate rotation under load: the real `vgpu-webhook` serves files laid out the way the
-//! kubelet lays out a Secret volume, the files are replaced the way the kubelet replaces them, and
-//! a client that keeps one connection busy the whole time sees no failure.
+//! Certificate rotation under load: the real `vgpu-webhook` (and `vgpu-scheduler` over HTTPS)
+//! serves files laid out the way the kubelet lays out a Secret volume, the files are replaced the
+//! way the kubelet replaces them, and a client that keeps one connection busy the whole time sees
+//! no failure; a broken new pair is refused and the last good one keeps serving.
 
-use serde_json::json;
+use crate::hostile::{start_in, Kind};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,30 +32,45 @@ fn kubelet_write(volume: &Path, generation: u32, cert: &str, key: &str) {
     }
 }
 
-fn review_body() -> Vec<u8> {
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "rotation", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": "team-a", "operation": "CREATE", "dryRun": false,
-        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "c", "image": "i",
-                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}}]}}}})
-    .to_string()
-    .into_bytes()
+/// A real answer: an allowed review from the webhook, a filter result from the scheduler.
+fn answered(path: &str, r: &https::Reply) -> bool {
+    let v = r.json();
+    match path {
+        "/mutate" => v["response"]["allowed"] == true,
+        // A pod without vGPU limits passes every candidate.
+        _ => v["nodenames"] == serde_json::json!(["n1"]),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_keeps_a_busy_keep_alive_connection_and_serves_the_new_certificate() {
+    rotation_under_load(Kind::Webhook).await;
+}
+
+/// The scheduler's extender API over HTTPS (`--tls-cert/--tls-key`) reloads the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_rotation_keeps_a_busy_keep_alive_connection_and_refuses_a_broken_pair() {
+    rotation_under_load(Kind::Scheduler).await;
+}
+
+async fn rotation_under_load(kind: Kind) {
     let volume = tempfile::tempdir().unwrap();
     let old = TestPki::new(&[]);
     let new = TestPki::new(&[]);
     kubelet_write(volume.path(), 1, &old.cert_pem, &old.key_pem);
 
-    let (mut proc, addr) = vgpu_tests::process::start_webhook(
+    let dir = tempfile::tempdir().unwrap();
+    let target = start_in(
+        kind,
+        dir,
         &volume.path().join("tls.crt"),
         &volume.path().join("tls.key"),
+        TestPki::new(&[]),
         &[],
-    );
+    )
+    .await;
+    let (addr, path, body) = (target.addr, target.path, target.body());
+    let mut proc = target.proc;
     // The client trusts both CAs, as a caBundle carrying old and new does during a rotation.
     let tls = Arc::new(trusting(&[&old, &new]));
 
@@ -67,8 +83,8 @@ async fn rotation_keeps_a_busy_keep_alive_connection_and_serves_the_new_certific
         let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                match conn.send("POST", "/mutate", review_body()).await {
-                    Ok(r) if r.status == 200 && r.json()["response"]["allowed"] == true => {
+                match conn.send("POST", path, body.clone()).await {
+                    Ok(r) if r.status == 200 && answered(path, &r) => {
                         ok.fetch_add(1, Ordering::Relaxed)
                     }
                     _ => failed.fetch_add(1, Ordering::Relaxed),

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 use vgpu_core::rbac::{self, Scope};
+use vgpu_tests::certs::TestPki;
 
 const RELEASE: &str = "vgpu";
 const NAMESPACE: &str = "vgpu-system";
@@ -406,6 +407,21 @@ fn check_rbac(chart: &Chart) {
                 ));
             }
         }
+        // With scheduler.extender.tls.enabled the certs Jobs also renew the extender's Secret:
+        // the same grant as the webhook's, on that one name.
+        if component.service_account == "certs" {
+            if let Some(secret) = scheduler_tls_secret(chart) {
+                for verb in ["get", "update"] {
+                    expected.insert((
+                        "ReleaseNamespace".to_string(),
+                        String::new(),
+                        "secrets".to_string(),
+                        vec![secret.clone()],
+                        verb.to_string(),
+                    ));
+                }
+            }
+        }
         assert_eq!(
             granted, expected,
             "RBAC of {sa} differs from vgpu_core::rbac"
@@ -417,6 +433,16 @@ fn check_rbac(chart: &Chart) {
             .collect();
         assert_eq!(builtin, expected_builtin, "built-in roles bound to {sa}");
     }
+}
+
+/// The Secret the scheduler's extender serves HTTPS from, if the chart turned HTTPS on.
+fn scheduler_tls_secret(chart: &Chart) -> Option<String> {
+    let vols = &chart.get("Deployment", "vgpu-scheduler")["spec"]["template"]["spec"]["volumes"];
+    vols.as_array()?
+        .iter()
+        .find(|v| v["name"] == "extender-tls")
+        .and_then(|v| v["secret"]["secretName"].as_str())
+        .map(String::from)
 }
 
 /// Values the chart was rendered with, read back from what it rendered.
@@ -696,6 +722,186 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     assert_eq!(ks["image"], "mirror.example/kube-scheduler:v1.31.0");
     let wh = args(chart.container("Deployment", "vgpu-webhook", "webhook"));
     assert!(wh.contains(&"--scheduler-name=gpu-sharing".to_string()));
+}
+
+/// A container's volume mounted at `path`, resolved to its volume in the pod spec.
+fn volume_at<'a>(pod: &'a Value, container: &Value, path: &str) -> &'a Value {
+    let mount = container["volumeMounts"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["mountPath"] == path))
+        .unwrap_or_else(|| panic!("nothing mounted at {path}: {container}"));
+    pod["volumes"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == mount["name"]))
+        .unwrap_or_else(|| panic!("no volume {} in the pod", mount["name"]))
+}
+
+fn extender_config(chart: &Chart) -> Value {
+    let cfg: Value = serde_yaml::from_str(
+        chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    cfg["extenders"][0].clone()
+}
+
+/// `scheduler.extender.tls.enabled` and `webhook.clientCA`: kube-scheduler calls the extender
+/// over HTTPS, trusting the CA of a certificate for localhost that the chart's certificate
+/// machinery makes; the webhook requires the API server's client certificate. Default: neither.
+#[test]
+fn chart_turns_on_extender_https_and_webhook_client_certificates() {
+    use clap::Parser as _;
+    let Some(helm) = helm() else {
+        eprintln!("SKIPPED: no helm binary");
+        return;
+    };
+    let chart = Chart {
+        docs: render(&helm, &[]),
+    };
+    let ext = extender_config(&chart);
+    assert_eq!(ext["enableHTTPS"], false);
+    assert!(ext["urlPrefix"]
+        .as_str()
+        .unwrap()
+        .starts_with("http://127.0.0.1:"));
+    assert!(ext.get("tlsConfig").is_none());
+    let sched = args(chart.container("Deployment", "vgpu-scheduler", "vgpu-scheduler"));
+    assert!(!sched.iter().any(|a| a.starts_with("--tls-")), "{sched:?}");
+    let wh = chart.container("Deployment", "vgpu-webhook", "webhook");
+    assert!(!args(wh).iter().any(|a| a.starts_with("--client-ca")));
+    assert_eq!(wh["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+    let client_ca = TestPki::new(&[]).ca_pem;
+    let ca_set = format!("webhook.clientCA={client_ca}");
+    for mode in ["job", "cert-manager"] {
+        let mode_set = format!("certs.mode={mode}");
+        let chart = Chart {
+            docs: render(
+                &helm,
+                &["scheduler.extender.tls.enabled=true", &mode_set, &ca_set],
+            ),
+        };
+        check_common(&chart);
+        let ext = extender_config(&chart);
+        assert_eq!(ext["enableHTTPS"], true);
+        let prefix = ext["urlPrefix"].as_str().unwrap();
+        assert!(prefix.starts_with("https://127.0.0.1:"), "{prefix}");
+        assert_eq!(ext["tlsConfig"]["serverName"], "localhost");
+        let ca_file = ext["tlsConfig"]["caFile"].as_str().unwrap();
+
+        let deploy = chart.get("Deployment", "vgpu-scheduler");
+        let pod = &deploy["spec"]["template"]["spec"];
+        let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
+        let (dir, file) = ca_file.rsplit_once('/').unwrap();
+        let ca_vol = volume_at(pod, ks, dir);
+        assert_eq!(ca_vol["secret"]["secretName"], "vgpu-scheduler-tls");
+        assert_eq!(
+            ca_vol["secret"]["items"],
+            json!([{"key": "ca.crt", "path": file}])
+        );
+
+        let ext_c = chart.container("Deployment", "vgpu-scheduler", "vgpu-scheduler");
+        let a = args(ext_c);
+        assert!(a.contains(&format!(
+            "--listen=127.0.0.1:{}",
+            prefix.rsplit(':').next().unwrap()
+        )));
+        let cert = a
+            .iter()
+            .find_map(|x| x.strip_prefix("--tls-cert="))
+            .unwrap();
+        let key = a.iter().find_map(|x| x.strip_prefix("--tls-key=")).unwrap();
+        let (cert_dir, _) = cert.rsplit_once('/').unwrap();
+        assert_eq!(key.rsplit_once('/').unwrap().0, cert_dir);
+        let tls_vol = volume_at(pod, ext_c, cert_dir);
+        assert_eq!(tls_vol["secret"]["secretName"], "vgpu-scheduler-tls");
+        assert!(
+            !tls_vol["secret"]["items"].to_string().contains("ca.key"),
+            "the CA key reaches the extender"
+        );
+
+        // The certificate is for localhost and 127.0.0.1, made by the chart's machinery.
+        match mode {
+            "job" => {
+                let job = chart.get("Job", "vgpu-certs-generate");
+                let g = job["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["name"] == "generate-scheduler")
+                    .expect("a generate-scheduler container");
+                let g = args(g);
+                for want in [
+                    "--dns=localhost",
+                    "--ip=127.0.0.1",
+                    "--secret=vgpu-scheduler-tls",
+                    "--apply",
+                ] {
+                    assert!(g.contains(&want.to_string()), "{want} missing: {g:?}");
+                }
+                for kind in ["Job", "CronJob"] {
+                    let name = if kind == "Job" {
+                        "vgpu-certs-inject"
+                    } else {
+                        "vgpu-certs-renew"
+                    };
+                    let d = chart.get(kind, name).to_string();
+                    assert!(
+                        d.contains("--secret=vgpu-scheduler-tls"),
+                        "{kind} {name} does not renew it"
+                    );
+                }
+            }
+            _ => {
+                let c = chart.get("Certificate", "vgpu-scheduler");
+                assert_eq!(c["spec"]["secretName"], "vgpu-scheduler-tls");
+                assert!(c["spec"]["dnsNames"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("localhost")));
+                assert_eq!(c["spec"]["ipAddresses"], json!(["127.0.0.1"]));
+            }
+        }
+
+        // The webhook: --client-ca pointing at a ConfigMap holding exactly the given PEM.
+        let wh = chart.container("Deployment", "vgpu-webhook", "webhook");
+        let wa = args(wh);
+        let ca = wa
+            .iter()
+            .find_map(|x| x.strip_prefix("--client-ca="))
+            .unwrap();
+        let (ca_dir, ca_name) = ca.rsplit_once('/').unwrap();
+        let wpod = &chart.get("Deployment", "vgpu-webhook")["spec"]["template"]["spec"];
+        let cm_name = volume_at(wpod, wh, ca_dir)["configMap"]["name"]
+            .as_str()
+            .unwrap();
+        let cm = chart.get("ConfigMap", cm_name);
+        assert_eq!(
+            cm["data"][ca_name].as_str().unwrap().trim(),
+            client_ca.trim()
+        );
+        // The kubelet's probes carry no client certificate: they use the plain health port.
+        assert_eq!(wh["readinessProbe"]["httpGet"]["port"], "health", "{wh}");
+        assert!(
+            wa.contains(&"--health-listen=0.0.0.0:8081".to_string()),
+            "{wa:?}"
+        );
+        assert!(wh["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "health" && p["containerPort"] == 8081));
+        // The real webhook accepts the flags the chart writes.
+        let cli = vgpu_webhook::cli::Cli::try_parse_from(
+            std::iter::once("vgpu-webhook".to_string()).chain(wa.iter().cloned()),
+        )
+        .unwrap_or_else(|e| panic!("the webhook refuses the chart's arguments: {e}"));
+        let s = cli.settings().err();
+        // settings() reads --config, which exists only in the pod; the flags themselves parsed.
+        assert!(s.is_some_and(|e| e.to_string().contains("/config/config.yaml")));
+        assert_eq!(cli.client_ca.as_deref(), Some(std::path::Path::new(ca)));
+    }
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod e2e;
 mod faults;
 mod helm;
 mod hook;
+mod hostile;
 mod metrics;
 mod scheduler;
 mod validate;

@@ -11,6 +11,16 @@ pub struct TestPki {
     pub cert_pem: String,
     /// Serving key (PEM).
     pub key_pem: String,
+    /// CA key (PEM), to sign client certificates.
+    ca_key_pem: String,
+}
+
+/// A client certificate and its key, as PEM.
+pub struct ClientCert {
+    /// Certificate (PEM).
+    pub cert_pem: String,
+    /// Key (PEM).
+    pub key_pem: String,
 }
 
 impl TestPki {
@@ -38,6 +48,7 @@ impl TestPki {
             ca_pem: ca_cert.pem(),
             cert_pem: leaf_cert.pem(),
             key_pem: leaf_key.serialize_pem(),
+            ca_key_pem: issuer.key().serialize_pem(),
         }
     }
 
@@ -62,6 +73,24 @@ impl TestPki {
             .to_vec()
     }
 
+    /// A client certificate (EKU clientAuth) for `common_name`, signed by this CA, as the API
+    /// server's admission kubeconfig would hold.
+    pub fn client_cert(&self, common_name: &str) -> ClientCert {
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem).unwrap();
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&self.ca_pem, ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        ClientCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
     /// A rustls client config that trusts only this CA.
     pub fn client_config(&self) -> rustls::ClientConfig {
         trusting(&[self])
@@ -84,4 +113,26 @@ pub fn trusting(pkis: &[&TestPki]) -> rustls::ClientConfig {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth()
+}
+
+/// A rustls client config that trusts `server`'s CA and presents `client`.
+pub fn presenting(server: &TestPki, client: &ClientCert) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut server.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain = rustls_pemfile::certs(&mut client.cert_pem.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
+    let key = rustls_pemfile::private_key(&mut client.key_pem.as_bytes())
+        .unwrap()
+        .unwrap();
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap()
 }

@@ -60,6 +60,11 @@ pub async fn connect(
 }
 
 impl Connection {
+    /// Whether the server has closed this connection (or it failed).
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
     /// Sends one request on this connection and reads the whole reply.
     pub async fn send(
         &mut self,
@@ -101,4 +106,16 @@ pub async fn request(
     body: Vec<u8>,
 ) -> std::io::Result<Reply> {
     connect(addr, tls).await?.send(method, path, body).await
+}
+
+/// A TLS stream to `addr` as `localhost` with nothing sent yet, for tests that speak raw bytes.
+pub async fn raw_tls(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
 }

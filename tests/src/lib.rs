@@ -136,3 +136,22 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Raises this process's soft open-file limit to the hard one, so a test can hold a thousand
+/// connections under a 1024 default soft limit. Returns the soft limit now.
+pub fn raise_nofile_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let target = cur.maximum.unwrap_or(1 << 20);
+    if cur.current.is_some_and(|c| c < target) {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(target),
+                maximum: cur.maximum,
+            },
+        )
+        .expect("raise RLIMIT_NOFILE");
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}

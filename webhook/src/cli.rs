@@ -4,6 +4,10 @@
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+use vgpu_serve::parse_duration;
+use vgpu_serve::tls::ClientAuth;
+use vgpu_serve::Limits;
 
 use crate::config::{ConfigError, ConfigFile};
 use crate::mutate::MutateSettings;
@@ -73,6 +77,28 @@ pub struct Cli {
     #[arg(long, env = "VGPU_WEBHOOK_RESERVATION_TTL", default_value_t = 60,
         value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub reservation_ttl: u64,
+    /// PEM file of the CA(s) whose client certificates may connect: when set, every client must
+    /// present a certificate that chains to it (the API server presents one through its admission
+    /// kubeconfig); without it no client certificate is asked for.
+    #[arg(long, env = "VGPU_WEBHOOK_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Also serve /healthz, /readyz and /metrics (only those) over plain HTTP here, for probes and
+    /// scrapers that cannot present a client certificate when `--client-ca` is set.
+    #[arg(long, env = "VGPU_WEBHOOK_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// A TLS handshake, or a request head from its first byte, must arrive within this
+    /// (`10s`, `500ms`, `2m`); else the connection is closed.
+    #[arg(long, env = "VGPU_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s",
+        value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A request body must arrive whole within this; else 408 and the connection is closed.
+    #[arg(long, env = "VGPU_WEBHOOK_BODY_READ_TIMEOUT", default_value = "30s",
+        value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+    /// A keep-alive connection with no request for this long is closed.
+    #[arg(long, env = "VGPU_WEBHOOK_IDLE_TIMEOUT", default_value = "90s",
+        value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// Log format.
     #[arg(
         long,
@@ -112,6 +138,12 @@ pub struct Settings {
     pub kubeconfig: Option<PathBuf>,
     /// Whether `--dev` was given.
     pub dev: bool,
+    /// Client certificates asked for.
+    pub client_auth: ClientAuth,
+    /// Plain-HTTP health and metrics listener, if any.
+    pub health_listen: Option<SocketAddr>,
+    /// Timeouts and the body limit of every connection.
+    pub limits: Limits,
 }
 
 impl Cli {
@@ -150,6 +182,18 @@ impl Cli {
                 runtime_class: self.runtime_class.clone().filter(|s| !s.is_empty()),
             },
             dev: self.dev,
+            health_listen: self.health_listen,
+            client_auth: match &self.client_ca {
+                Some(ca) => ClientAuth::Required(ca.clone()),
+                None => ClientAuth::None,
+            },
+            limits: Limits {
+                header_read_timeout: self.header_read_timeout,
+                body_read_timeout: self.body_read_timeout,
+                idle_timeout: self.idle_timeout,
+                max_body: crate::server::MAX_BODY_BYTES,
+                ..Limits::default()
+            },
         })
     }
 }
@@ -203,6 +247,40 @@ mod tests {
         );
         assert_eq!(s.mutate.runtime_class.as_deref(), Some("nvidia"));
         assert_eq!(s.mutate.scheduler_name, "s");
+        assert_eq!(s.client_auth, ClientAuth::None);
+        assert_eq!(s.limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(s.limits.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(s.limits.idle_timeout, Duration::from_secs(90));
+        assert_eq!(s.limits.max_body, 3 << 20);
+    }
+
+    #[test]
+    fn hostile_client_flags() {
+        let cli = Cli::try_parse_from([
+            "vgpu-webhook",
+            "--dev",
+            "--client-ca",
+            "ca.crt",
+            "--header-read-timeout",
+            "500ms",
+            "--body-read-timeout",
+            "2s",
+            "--idle-timeout",
+            "1m",
+            "--health-listen",
+            "0.0.0.0:8081",
+        ])
+        .unwrap();
+        let s = cli.settings().unwrap();
+        assert_eq!(s.client_auth, ClientAuth::Required("ca.crt".into()));
+        assert_eq!(s.limits.header_read_timeout, Duration::from_millis(500));
+        assert_eq!(s.limits.body_read_timeout, Duration::from_secs(2));
+        assert_eq!(s.limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(s.health_listen.map(|a| a.port()), Some(8081));
+        let e = Cli::try_parse_from(["vgpu-webhook", "--dev", "--idle-timeout", "0s"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a duration"), "{e}");
     }
 
     #[test]

@@ -4,9 +4,10 @@ use anyhow::Context;
 use clap::Parser;
 use std::sync::Arc;
 use std::time::Duration;
+use vgpu_serve::tls::ClientAuth;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
 use vgpu_webhook::metrics::Metrics;
-use vgpu_webhook::server::{app, AppState};
+use vgpu_webhook::server::{app, health_app, AppState};
 use vgpu_webhook::tls;
 use vgpu_webhook::validate::Validator;
 
@@ -18,15 +19,18 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     let settings = cli.settings()?;
+    match vgpu_serve::raise_nofile_limit() {
+        Ok(l) => tracing::debug!(before = l.before, now = l.now, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     // The watcher lives as long as main: certificate files are reloaded while we serve.
     let (tls_config, _cert_watcher) = match &settings.cert {
         CertSource::Files { cert, key } => {
-            let reloading = tls::reloading_server_config(cert, key)?;
+            let reloading = tls::reloading_server_config(cert, key, &settings.client_auth)?;
             (reloading.config, Some(reloading.watcher))
         }
-        CertSource::SelfSigned => (tls::dev_server_config()?, None),
+        CertSource::SelfSigned => (tls::dev_server_config(&settings.client_auth)?, None),
     };
-    let rustls_config = axum_server::tls_rustls::RustlsConfig::from_config(tls_config);
     let metrics = Arc::new(Metrics::new());
     let validator = match kube_client(settings.kubeconfig.as_deref()).await? {
         Some(client) => Validator::connected(settings.validate.clone(), client, metrics.clone()),
@@ -35,33 +39,67 @@ async fn main() -> anyhow::Result<()> {
             Validator::offline(settings.validate.clone(), metrics.clone())
         }
     };
-    let state = AppState::with_validator(settings.mutate.clone(), validator, metrics);
-    let router = app(Arc::new(state));
+    let state = Arc::new(AppState::with_validator(
+        settings.mutate.clone(),
+        validator,
+        metrics,
+    ));
+    let router = app(state.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let health = match settings.health_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "health endpoints served (plain HTTP)");
+            let limits = vgpu_serve::Limits {
+                max_body: 64 * 1024,
+                ..settings.limits.clone()
+            };
+            Some(tokio::spawn(vgpu_serve::serve(
+                listener,
+                None,
+                health_app(state.clone()),
+                limits,
+                until(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
 
-    let handle = axum_server::Handle::new();
-    let shutdown = handle.clone();
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    if let ClientAuth::Required(ca) = &settings.client_auth {
+        tracing::info!(client_ca = %ca.display(), "client certificates required");
+    }
+    tracing::info!(%addr, "listening");
+    if settings.dev {
+        println!(
+            "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
+        );
+    }
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down");
-        shutdown.graceful_shutdown(Some(Duration::from_secs(10)));
+        let _ = stop_tx.send(true);
     });
-    let listening = handle.clone();
-    let dev = settings.dev;
-    tokio::spawn(async move {
-        if let Some(addr) = listening.listening().await {
-            tracing::info!(%addr, "listening");
-            if dev {
-                println!(
-                    "vgpu-webhook (dev) on https://{addr}; try:\n  curl -sk https://{addr}/mutate -H 'Content-Type: application/json' --data @examples/admission-review.json"
-                );
-            }
-        }
-    });
-    axum_server::bind_rustls(settings.listen, rustls_config)
-        .handle(handle)
-        .serve(router.into_make_service())
-        .await
-        .with_context(|| format!("serving on {}", settings.listen))?;
+    vgpu_serve::serve(
+        listener,
+        Some(tls_config),
+        router,
+        settings.limits.clone(),
+        until(stop_rx),
+    )
+    .await
+    .with_context(|| format!("serving on {addr}"))?;
+    if let Some(h) = health {
+        h.await?.context("serving health")?;
+    }
     Ok(())
 }
 

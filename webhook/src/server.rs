@@ -73,6 +73,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// Health and metrics alone (`--health-listen`): plain HTTP for the kubelet's probes and
+/// Prometheus, which present no client certificate when the admission port requires one. No
+/// admission endpoint is reachable here.
+pub fn health_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
 /// A 400 for a body that is not a review, as a metav1.Status.
 fn bad_request(message: String) -> Response {
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -285,6 +296,22 @@ mod tests {
             body["response"]["status"]["message"],
             "vgpu: object is not a valid Pod: spec.containers: expected an array"
         );
+    }
+
+    #[tokio::test]
+    async fn the_health_app_has_no_admission_endpoint() {
+        let app = health_app(Arc::new(AppState::new(MutateSettings::default())));
+        let resp = app
+            .clone()
+            .oneshot(Request::get("/readyz").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let resp = app
+            .oneshot(Request::post("/mutate").body(Body::from("{}")).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

@@ -54,6 +54,8 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 
 {{- define "vgpu.webhookService" -}}{{ include "vgpu.fullname" . }}-webhook{{- end -}}
 {{- define "vgpu.webhookTlsSecret" -}}{{ .Values.certs.secretName }}{{- end -}}
+{{- define "vgpu.schedulerService" -}}{{ include "vgpu.fullname" . }}-scheduler{{- end -}}
+{{- define "vgpu.schedulerTlsSecret" -}}{{ .Values.scheduler.extender.tls.secretName | default (printf "%s-scheduler-tls" (include "vgpu.fullname" .)) }}{{- end -}}
 {{- define "vgpu.mutatingName" -}}{{ include "vgpu.fullname" . }}-mutate{{- end -}}
 {{- define "vgpu.validatingName" -}}{{ include "vgpu.fullname" . }}-validate{{- end -}}
 
@@ -88,6 +90,7 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{/* Pod of the renew/inject Job and CronJob: generate (renews if due) then inject the CA. */}}
 {{- define "vgpu.certsPod" -}}
 {{- $root := index . 0 -}}
+{{- $outer := . -}}
 spec:
   serviceAccountName: {{ index . 1 }}
   restartPolicy: OnFailure
@@ -103,6 +106,17 @@ spec:
         {{- toYaml (index . 6) | nindent 8 }}
       volumeMounts:
         - {name: certs, mountPath: /certs}
+    {{- with (index . 7) }}
+    - name: generate-scheduler
+      image: {{ index $outer 2 }}
+      imagePullPolicy: {{ $root.Values.imagePullPolicy }}
+      args:
+        {{- toYaml . | nindent 8 }}
+      securityContext:
+        {{- toYaml (index $outer 6) | nindent 8 }}
+      volumeMounts:
+        - {name: scheduler-certs, mountPath: /scheduler-certs}
+    {{- end }}
   containers:
     - name: inject
       image: {{ index . 2 }}
@@ -115,4 +129,7 @@ spec:
         - {name: certs, mountPath: /certs, readOnly: true}
   volumes:
     - {name: certs, emptyDir: {medium: Memory}}
+    {{- if index . 7 }}
+    - {name: scheduler-certs, emptyDir: {medium: Memory}}
+    {{- end }}
 {{- end -}}

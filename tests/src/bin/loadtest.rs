@@ -5,6 +5,8 @@
 //! ```text
 //! cargo build --release --workspace --bins
 //! target/release/vgpu-loadtest --connections 64 --seconds 10
+//! # p99 of real requests beside 1000 idle connections (issue 9), baseline: none idle
+//! target/release/vgpu-loadtest --connections 4 --seconds 10 --idle-connections 1000
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
@@ -50,6 +52,10 @@ struct Args {
     /// Log filter for the servers (RUST_LOG); `info` logs one line per admission, as in production.
     #[arg(long, default_value = "info")]
     server_log: String,
+    /// Idle mode: measure the webhook alone, first as it is and then with this many idle TLS
+    /// connections held open beside the load (the baseline is the first run, same process).
+    #[arg(long, default_value_t = 0)]
+    idle_connections: usize,
     /// Internal: run the baseline hello server with these PEM files.
     #[arg(long, hide = true, num_args = 2, value_names = ["CERT", "KEY"])]
     serve_hello: Option<Vec<PathBuf>>,
@@ -88,6 +94,9 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(args.client_threads)
         .enable_all()
         .build()?;
+    if args.idle_connections > 0 {
+        return idle_mode(&rt, webhook_cmd, client_tls, &body, &args);
+    }
     let mut results = Vec::new();
     for (name, cmd, path) in [
         ("bare rustls hello", hello_cmd, "/hello"),
@@ -108,6 +117,72 @@ fn main() -> anyhow::Result<()> {
         args.connections, args.seconds
     );
     if results.iter().any(|r| r.errors > 0) {
+        bail!("requests failed during the run");
+    }
+    Ok(())
+}
+
+/// p99 of real requests with `--idle-connections` idle TLS connections open, against the same
+/// webhook process without them (measured first). The target (issue 9) is p99 < 10 ms.
+fn idle_mode(
+    rt: &tokio::runtime::Runtime,
+    webhook_cmd: Command,
+    tls: Arc<rustls::ClientConfig>,
+    body: &[u8],
+    args: &Args,
+) -> anyhow::Result<()> {
+    let limit = vgpu_tests::raise_nofile_limit();
+    if limit < args.idle_connections as u64 + 256 {
+        bail!(
+            "open-file limit {limit} is too low for {} idle connections",
+            args.idle_connections
+        );
+    }
+    let server = Server::start(webhook_cmd, &args.server_log)?;
+    let base = rt.block_on(load(server.addr, tls.clone(), "/mutate", body, args))?;
+    let idle = rt.block_on(async {
+        let mut held = Vec::with_capacity(args.idle_connections);
+        while held.len() < args.idle_connections {
+            let batch: Vec<_> = (0..64.min(args.idle_connections - held.len()))
+                .map(|_| {
+                    let tls = tls.clone();
+                    let addr = server.addr;
+                    tokio::spawn(async move {
+                        let tcp = tokio::net::TcpStream::connect(addr).await?;
+                        let name =
+                            ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+                        tokio_rustls::TlsConnector::from(tls)
+                            .connect(name, tcp)
+                            .await
+                    })
+                })
+                .collect();
+            for h in batch {
+                held.push(h.await?.context("opening an idle connection")?);
+            }
+        }
+        let r = load(server.addr, tls.clone(), "/mutate", body, args).await;
+        drop(held);
+        r
+    })?;
+    for (name, r) in [
+        ("no idle connections", &base),
+        ("with idle connections", &idle),
+    ] {
+        println!(
+            "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
+            r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
+        );
+    }
+    println!(
+        "p99 ratio idle/none: {:.3} ({} idle, {} busy connections, {} s measured each); target p99 < 10 ms: {}",
+        idle.p99_ms / base.p99_ms.max(0.001),
+        args.idle_connections,
+        args.connections,
+        args.seconds,
+        if idle.p99_ms < 10.0 { "met" } else { "NOT met" }
+    );
+    if base.errors + idle.errors > 0 {
         bail!("requests failed during the run");
     }
     Ok(())
