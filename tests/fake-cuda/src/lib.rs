@@ -671,7 +671,11 @@ pub fn mipmapped_elements(w: usize, h: usize, d: usize, flags: c_uint, levels: c
     (0..levels.max(1))
         .map(|l| {
             let shrink = |x: usize| (x.max(1) as u64 >> l.min(63)).max(1);
-            let depth = if keep_depth { d.max(1) as u64 } else { shrink(d) };
+            let depth = if keep_depth {
+                d.max(1) as u64
+            } else {
+                shrink(d)
+            };
             shrink(w) * shrink(h) * depth
         })
         .fold(0u64, u64::saturating_add)
