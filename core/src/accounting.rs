@@ -26,6 +26,8 @@
 //! | 3 | nanoseconds launches waited for the core limit |
 //! | 4 .. 4+[`MAX_DEVICES`] | bytes allocated now, per device |
 //! | 20 .. 20+[`MAX_DEVICES`] | peak bytes allocated, per device |
+//! | 36 | the process's pid as NVML reports it (the host's pid namespace), 0 = not known yet; the hook learns it from NVML's running processes, to find its own utilization samples |
+//! | 37 .. 40 | reserved, 0 |
 //!
 //! The container's usage of a device is the sum of the `used` words of all owned slots. A process
 //! reserves by adding to its own word first and then summing all slots; if the sum is over the limit
@@ -101,6 +103,8 @@ pub mod slot {
     pub const USED: usize = 4;
     /// First per-device peak word.
     pub const PEAK: usize = 20;
+    /// The pid NVML reports for the process (host pid namespace), 0 = unknown.
+    pub const HOST_PID: usize = 36;
 }
 
 /// Owner flag: the slot's dead owner is being cleared by another process.
@@ -144,6 +148,8 @@ pub enum AccountingError {
 pub struct ProcessUsage {
     /// Process id in the container's pid namespace.
     pub pid: u32,
+    /// Its pid as NVML (the host) reports it, 0 = not known (written by the hook with a core limit).
+    pub host_pid: u32,
     /// Kernel launches.
     pub launches: u64,
     /// Allocations refused as over the limit.
@@ -234,6 +240,7 @@ impl Snapshot {
             }
             let mut p = ProcessUsage {
                 pid: (owner & 0xffff_ffff) as u32,
+                host_pid: (word(bytes, base + slot::HOST_PID) & 0xffff_ffff) as u32,
                 launches: word(bytes, base + slot::LAUNCHES),
                 oom_refusals: word(bytes, base + slot::OOM_REFUSALS),
                 throttled_ns: word(bytes, base + slot::THROTTLED_NS),
@@ -270,6 +277,7 @@ impl Snapshot {
             w[slot_word(s, slot::LAUNCHES)] = p.launches;
             w[slot_word(s, slot::OOM_REFUSALS)] = p.oom_refusals;
             w[slot_word(s, slot::THROTTLED_NS)] = p.throttled_ns;
+            w[slot_word(s, slot::HOST_PID)] = u64::from(p.host_pid);
             for d in 0..MAX_DEVICES {
                 w[slot_word(s, slot::USED + d)] = p.used[d];
                 w[slot_word(s, slot::PEAK + d)] = p.peak[d];
@@ -323,6 +331,7 @@ mod tests {
         s.sm_limit[0] = 30;
         let mut a = ProcessUsage {
             pid: 7,
+            host_pid: 41_007,
             launches: 100,
             oom_refusals: 2,
             throttled_ns: 5_000,

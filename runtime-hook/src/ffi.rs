@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use vgpu_core::accounting::{FILE_WORDS, MAX_DEVICES};
 
@@ -74,6 +74,7 @@ real_table! {
     struct Real;
     cuInit: fn(c_uint);
     cuCtxGetDevice: fn(*mut c_int);
+    cuDeviceGetCount: fn(*mut c_int);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
     cuMemAlloc: fn(*mut u32, c_uint);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
@@ -91,6 +92,8 @@ real_table! {
     cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);
     cuArray3DCreate_v2: fn(*mut *mut c_void, *const Array3dDescriptor);
     cuArrayDestroy: fn(*mut c_void);
+    cuMipmappedArrayCreate: fn(*mut *mut c_void, *const Array3dDescriptor, c_uint);
+    cuMipmappedArrayDestroy: fn(*mut c_void);
     cuMemGetInfo_v2: fn(*mut usize, *mut usize);
     cuMemGetInfo: fn(*mut c_uint, *mut c_uint);
     cuDeviceTotalMem_v2: fn(*mut usize, c_int);
@@ -165,6 +168,33 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -
         .saturating_mul(u64::from(channels.max(1)))
 }
 
+/// `CUDA_ARRAY3D_LAYERED` and `CUDA_ARRAY3D_CUBEMAP` (cuda.h): the depth counts layers (or the 6
+/// faces), which mipmap levels do not shrink.
+const ARRAY3D_LAYERED: c_uint = 0x01;
+const ARRAY3D_CUBEMAP: c_uint = 0x04;
+
+/// Bytes of a mipmapped array: the sum over its levels, level `l` with width, height and depth
+/// halved `l` times (at least 1 each; a layered or cubemap array keeps its depth). A level count
+/// of 0 is charged as 1 (the driver refuses it).
+fn mipmapped_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
+    let keep_depth = d.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+    let per_element = format_bytes(d.format).saturating_mul(u64::from(d.channels.max(1)));
+    (0..levels.max(1))
+        .map(|l| {
+            let shrink = |x: usize| (x.max(1) as u64 >> l.min(63)).max(1);
+            let depth = if keep_depth {
+                d.depth.max(1) as u64
+            } else {
+                shrink(d.depth)
+            };
+            shrink(d.width)
+                .saturating_mul(shrink(d.height))
+                .saturating_mul(depth)
+                .saturating_mul(per_element)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// Row pitch the hook reserves for before `cuMemAllocPitch` returns the real one: the width rounded
 /// up to 512 bytes, the largest texture pitch alignment of current GPUs. The reservation is
 /// corrected to the driver's pitch afterwards.
@@ -196,6 +226,8 @@ real_table! {
     nvmlDeviceGetIndex: fn(*mut c_void, *mut c_uint);
     nvmlDeviceGetUtilizationRates: fn(*mut c_void, *mut [c_uint; 2]);
     nvmlDeviceGetProcessUtilization: fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64);
+    nvmlDeviceGetComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut ProcessInfo);
+    nvmlDeviceGetComputeRunningProcesses_v2: fn(*mut c_void, *mut c_uint, *mut ProcessInfo);
     nvmlDeviceGetMemoryInfo: fn(*mut c_void, *mut NvmlMemory);
     nvmlDeviceGetMemoryInfo_v2: fn(*mut c_void, *mut NvmlMemoryV2);
 }
@@ -210,6 +242,16 @@ pub struct ProcessSample {
     mem_util: c_uint,
     enc_util: c_uint,
     dec_util: c_uint,
+}
+
+/// `nvmlProcessInfo_t` (nvml.h; the `_v2` and `_v3` of nvmlDeviceGetComputeRunningProcesses).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
 }
 
 /// `nvmlMemory_t` (nvml.h).
@@ -252,19 +294,121 @@ fn nvml() -> Option<&'static NvmlReal> {
     .as_ref()
 }
 
+/// NVML (initialised) and its handle of device `d` (NVML numbers the container's devices as the
+/// limits are numbered); `None` without NVML.
+fn nvml_device(d: usize) -> Option<(&'static NvmlReal, *mut c_void)> {
+    let nv = nvml()?;
+    // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
+    if nv
+        .nvmlInit_v2
+        .is_none_or(|f| unsafe { f() } != CUDA_SUCCESS)
+    {
+        return None;
+    }
+    let get = nv.nvmlDeviceGetHandleByIndex_v2?;
+    let mut handle = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    (unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS).then_some((nv, handle))
+}
+
+/// Pids NVML lists as compute processes of a device (host pids), `None` when it cannot say.
+fn compute_pids(nv: &NvmlReal, handle: *mut c_void) -> Option<Vec<u32>> {
+    let f = nv
+        .nvmlDeviceGetComputeRunningProcesses_v3
+        .or(nv.nvmlDeviceGetComputeRunningProcesses_v2)?;
+    // Processes may start between the two calls: ask for room to spare, and again once if short.
+    let mut cap: c_uint = 0;
+    // SAFETY: a zero count with a null buffer asks for the count, as NVML documents.
+    let r = unsafe { f(handle, &mut cap, std::ptr::null_mut()) };
+    if r == CUDA_SUCCESS {
+        return Some(Vec::new());
+    }
+    for _ in 0..2 {
+        if r != NVML_ERROR_INSUFFICIENT_SIZE && r != CUDA_SUCCESS {
+            return None;
+        }
+        let mut n = cap.saturating_add(16);
+        let mut buf = vec![ProcessInfo::default(); n as usize];
+        // SAFETY: a buffer of `n` entries and its size.
+        match unsafe { f(handle, &mut n, buf.as_mut_ptr()) } {
+            CUDA_SUCCESS => return Some(buf.iter().take(n as usize).map(|p| p.pid).collect()),
+            NVML_ERROR_INSUFFICIENT_SIZE => cap = n,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Learns this process's pid as NVML reports it, HAMi-core's way: NVML reports host pids, which
+/// in a container's pid namespace are not the container's numbers. The compute processes NVML lists
+/// on a device now, less those it listed when the hook started (before this process had a
+/// context) and less the container's known pids, are this process when exactly one remains; it is
+/// recorded in the slot, and the utilization samples of that pid count as the container's.
+/// Returns whether the search is over: found, not needed (NVML lists this process under its own
+/// pid: no pid namespace), or ambiguous (other new processes on the GPU; the device-utilization
+/// fallback stays).
+fn find_host_pid(
+    h: &Hook,
+    before: &[u32],
+    nv: &NvmlReal,
+    handle: *mut c_void,
+    slot: usize,
+) -> bool {
+    let Some(now) = compute_pids(nv, handle) else {
+        return false;
+    };
+    if now.contains(&std::process::id()) {
+        return true;
+    }
+    let known = h.ledger.pids();
+    let new: Vec<u32> = now
+        .into_iter()
+        .filter(|p| !before.contains(p) && !known.contains(p))
+        .collect();
+    match new.as_slice() {
+        [] => false,
+        [pid] => {
+            h.ledger.set_host_pid(slot, *pid);
+            true
+        }
+        _ => true,
+    }
+}
+
 /// Core-limit state: one bucket per device, the limits, and whether this process's watcher runs.
 struct Throttle {
     limits: [u32; MAX_DEVICES],
     buckets: [Bucket; MAX_DEVICES],
+    /// Whether the driver shows this process a single device: [`SINGLE_UNKNOWN`] until the first
+    /// launch asks, then [`SINGLE_YES`] (launches skip `cuCtxGetDevice`) or [`SINGLE_NO`].
+    single: AtomicU8,
+    /// Limit index of CUDA ordinal 0 (the only device when `single` says so).
+    single_index: usize,
+    /// Per limited device, the pids NVML listed as its compute processes when the hook started
+    /// (before this process had a context); `None` where NVML could not say.
+    before: Vec<Option<Vec<u32>>>,
 }
+
+const SINGLE_UNKNOWN: u8 = 0;
+const SINGLE_YES: u8 = 1;
+const SINGLE_NO: u8 = 2;
 
 impl Throttle {
     /// `None` when no device has a limit below 100 % (the launch path then does nothing more).
-    fn new(sm_limit: &[u32; MAX_DEVICES]) -> Option<Throttle> {
+    fn new(sm_limit: &[u32; MAX_DEVICES], single_index: usize) -> Option<Throttle> {
         let limits = sm_limit.map(|l| if l >= 100 { 0 } else { l });
         limits.iter().any(|&l| l > 0).then(|| Throttle {
             limits,
             buckets: std::array::from_fn(|_| Bucket::default()),
+            single: AtomicU8::new(SINGLE_UNKNOWN),
+            single_index,
+            before: (0..MAX_DEVICES)
+                .map(|d| {
+                    (limits[d] > 0)
+                        .then(|| nvml_device(d).and_then(|(nv, h)| compute_pids(nv, h)))
+                        .flatten()
+                })
+                .collect(),
         })
     }
 }
@@ -288,31 +432,35 @@ const RECLAIM_EVERY: u32 = 10; // periods of 50 ms: 500 ms
 fn watch(h: &'static Hook) {
     let mut devices = Vec::new();
     if let Some(t) = &h.throttle {
-        match nvml() {
-            // SAFETY: nvmlInit_v2 takes no arguments (NVML reference-counts init/shutdown).
-            Some(nv) if nv.nvmlInit_v2.is_some_and(|f| unsafe { f() } == CUDA_SUCCESS) => {
-                for d in (0..MAX_DEVICES).filter(|&d| t.limits[d] > 0) {
-                    let mut handle = std::ptr::null_mut();
-                    let Some(get) = nv.nvmlDeviceGetHandleByIndex_v2 else {
-                        break;
-                    };
-                    // SAFETY: valid out pointer; NVML numbers the container's devices as the
-                    // limits are numbered.
-                    if unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS {
-                        let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
-                        devices.push((nv, d, handle, c, 0u64));
-                    }
-                }
-            }
-            _ => eprintln!(
+        let found: Vec<_> = (0..MAX_DEVICES)
+            .filter(|&d| t.limits[d] > 0)
+            .filter_map(|d| nvml_device(d).map(|(nv, handle)| (d, nv, handle)))
+            .collect();
+        if found.is_empty() {
+            eprintln!(
                 "vgpu: NVML (libnvidia-ml.so.1) is not available; CUDA_DEVICE_SM_LIMIT is not enforced"
-            ),
+            );
+        }
+        for (d, nv, handle) in found {
+            let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
+            devices.push((nv, d, handle, c, 0u64));
         }
     }
     let me = std::process::id();
+    // Whether this process still looks for its host pid (see find_host_pid).
+    let mut searching = true;
     for tick in 1u32.. {
         std::thread::sleep(throttle::PERIOD);
         if let Some(t) = &h.throttle {
+            let slot = h.slot.load(Ordering::SeqCst);
+            if searching && slot != usize::MAX {
+                searching = h.ledger.host_pid(slot) == 0
+                    && !devices.iter().any(|(nv, d, handle, _, _)| {
+                        t.before[*d]
+                            .as_deref()
+                            .is_some_and(|b| find_host_pid(h, b, nv, *handle, slot))
+                    });
+            }
             let pids = h.ledger.pids();
             for (nv, d, handle, c, last_seen) in &mut devices {
                 let u = utilization(nv, *handle, &pids, last_seen);
@@ -448,7 +596,7 @@ fn init() -> Result<Hook, CUresult> {
     // SAFETY: registering a plain function pointer that only stores to atomics.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     Ok(Hook {
-        throttle: Throttle::new(&config.sm_limit),
+        throttle: Throttle::new(&config.sm_limit, config.limit_index(0)),
         watcher: AtomicBool::new(false),
         last_reclaim: AtomicU64::new(0),
         config,
@@ -494,22 +642,80 @@ extern "C" fn after_fork_child() {
 
 static FORKED: AtomicU64 = AtomicU64::new(0);
 
-fn map_file(path: &std::path::Path) -> std::io::Result<&'static [AtomicU64]> {
+/// Why the accounting file cannot be used: the step that failed and the OS error (its errno).
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {source}")]
+struct MapError {
+    step: &'static str,
+    #[source]
+    source: std::io::Error,
+}
+
+fn step<T>(step: &'static str, r: std::io::Result<T>) -> Result<T, MapError> {
+    r.map_err(|source| MapError { step, source })
+}
+
+/// Opens (creating it and its directory, mode 0666, when missing) and maps the accounting file.
+/// Fails closed rather than run unmetered: a directory that cannot be created or written (read-only
+/// file system, a path through a regular file), a path that is not a regular file (a device such as
+/// `/dev/zero` would map as memory no other process shares), a file-size limit (`RLIMIT_FSIZE`)
+/// below the file's size (growing past it would raise SIGXFSZ), and a full file system: the file's
+/// blocks are allocated with `fallocate` before it is mapped, so "no space" is an error here and
+/// not a SIGBUS at the first store into the mapping.
+fn map_file(path: &std::path::Path) -> Result<&'static [AtomicU64], MapError> {
+    use std::io::Error;
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        step("cannot create its directory", std::fs::create_dir_all(dir))?;
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .open(path)?;
+    let file = step(
+        "cannot open it for writing",
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path),
+    )?;
+    let meta = step("cannot stat it", file.metadata())?;
+    if !meta.is_file() {
+        return Err(MapError {
+            step: "not a regular file",
+            source: Error::from_raw_os_error(libc::EINVAL),
+        });
+    }
     let len = (FILE_WORDS * 8) as u64;
-    if file.metadata()?.len() < len {
-        file.set_len(len)?;
+    if meta.len() < len {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid out pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) } == 0
+            && lim.rlim_cur != libc::RLIM_INFINITY
+            && lim.rlim_cur < len
+        {
+            return Err(MapError {
+                step: "the file-size limit (RLIMIT_FSIZE) is below its size",
+                source: Error::from_raw_os_error(libc::EFBIG),
+            });
+        }
+        // SAFETY: fallocate on our own open descriptor; mode 0 allocates and extends.
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } != 0 {
+            let e = Error::last_os_error();
+            match e.raw_os_error() {
+                // File systems without fallocate: a sparse file (blocks allocated on first store).
+                Some(libc::EOPNOTSUPP) => step("cannot size it", file.set_len(len))?,
+                _ => {
+                    return Err(MapError {
+                        step: "cannot allocate its blocks",
+                        source: e,
+                    })
+                }
+            }
+        }
     }
     // SAFETY: a shared read-write mapping of the FILE_WORDS words just sized; never unmapped, so the
     // 'static slice stays valid for the life of the process.
@@ -524,7 +730,10 @@ fn map_file(path: &std::path::Path) -> std::io::Result<&'static [AtomicU64]> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
+        return Err(MapError {
+            step: "cannot map it",
+            source: Error::last_os_error(),
+        });
     }
     // SAFETY: page-aligned mapping of FILE_WORDS u64s; AtomicU64 has the layout of u64, and every
     // process accesses the words only atomically.
@@ -696,18 +905,65 @@ impl Hook {
     }
 
     /// Takes the launch's tokens from its device's bucket, sleeping (bounded) when there are none.
+    /// The fast path, while prepaid tokens last, is one relaxed atomic subtraction (and, in a
+    /// process that sees more than one device, the driver's `cuCtxGetDevice`); only the launch that
+    /// finds the pool empty reads the clock, buys the next batch and may sleep.
+    #[inline]
     fn throttle_launch(&'static self, t: &'static Throttle, blocks: u64) {
-        let Ok(d) = self.device() else { return };
-        if d >= MAX_DEVICES || t.limits[d] == 0 {
+        let Some(d) = self.launch_device(t) else {
+            return;
+        };
+        let bucket = &t.buckets[d];
+        if bucket.try_take(blocks) {
             return;
         }
-        let wait = t.buckets[d].take(now_ns(), blocks);
+        self.refill(bucket, blocks);
+    }
+
+    /// The slow path of [`Hook::throttle_launch`]: buys a batch of tokens, waits what the bucket
+    /// says, deposits them and meters the wait.
+    #[cold]
+    fn refill(&'static self, bucket: &Bucket, blocks: u64) {
+        let (wait, batch) = bucket.buy(now_ns(), blocks);
         if wait > 0 {
             std::thread::sleep(std::time::Duration::from_nanos(wait));
             if let Ok(s) = self.slot() {
                 self.ledger.throttled(s, wait);
             }
         }
+        bucket.deposit(batch);
+    }
+
+    /// Limit index of the launching thread's device when it has a core limit. A process whose
+    /// driver sees a single device (the usual vGPU container) learns it once from
+    /// `cuDeviceGetCount`; otherwise every launch asks the driver for the current device.
+    #[inline]
+    fn launch_device(&self, t: &Throttle) -> Option<usize> {
+        let d = match t.single.load(Ordering::Relaxed) {
+            SINGLE_YES => t.single_index,
+            SINGLE_NO => self.device().ok()?,
+            _ => match self.device_count() {
+                Some(1) => {
+                    t.single.store(SINGLE_YES, Ordering::Relaxed);
+                    t.single_index
+                }
+                n => {
+                    if n.is_some() {
+                        t.single.store(SINGLE_NO, Ordering::Relaxed);
+                    }
+                    self.device().ok()?
+                }
+            },
+        };
+        (d < MAX_DEVICES && t.limits[d] > 0).then_some(d)
+    }
+
+    /// Devices the driver shows this process (`cuDeviceGetCount`), `None` when it cannot say.
+    fn device_count(&self) -> Option<c_int> {
+        let f = self.real.cuDeviceGetCount?;
+        let mut n: c_int = 0;
+        // SAFETY: a valid out pointer.
+        (unsafe { f(&mut n) } == CUDA_SUCCESS).then_some(n)
     }
 
     /// `free`/`total` as the container sees them on limit index `dev`: total = limit,
@@ -856,6 +1112,13 @@ alloc_export! {
         bytes unsafe { desc.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, d.depth, d.format, d.channels));
 }
 
+alloc_export! {
+    /// `cuMipmappedArrayCreate`: charged the sum of its levels' sizes.
+    fn cuMipmappedArrayCreate(array: *mut *mut c_void, desc: *const Array3dDescriptor, levels: c_uint) -> kind Array, device current,
+        // SAFETY: as cuArrayCreate_v2.
+        bytes unsafe { desc.as_ref() }.map_or(0, |d| mipmapped_bytes(d, levels));
+}
+
 /// `cuMemAllocPitch_v2`: reserves for the width rounded up to [`PITCH_ALIGN`], then corrects the
 /// reservation to the pitch the driver chose (freeing the allocation if a larger pitch no longer fits).
 #[cfg_attr(not(test), no_mangle)]
@@ -923,6 +1186,10 @@ free_export! {
 free_export! {
     /// `cuArrayDestroy`.
     fn cuArrayDestroy(array: *mut c_void) -> kind Array;
+}
+free_export! {
+    /// `cuMipmappedArrayDestroy`.
+    fn cuMipmappedArrayDestroy(array: *mut c_void) -> kind Array;
 }
 
 /// `cuMemGetInfo_v2`: total = limit, free = limit - container usage, never above the real free.
@@ -1147,6 +1414,8 @@ wrappers![
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuArrayDestroy,
+    cuMipmappedArrayCreate,
+    cuMipmappedArrayDestroy,
     cuMemGetInfo_v2,
     cuMemGetInfo,
     cuDeviceTotalMem_v2,
@@ -1332,5 +1601,19 @@ mod tests {
         // Unknown formats are charged as 32-bit channels.
         assert_eq!(array_bytes(1, 1, 1, 0xb0, 1), 4);
         assert_eq!(array_bytes(usize::MAX, usize::MAX, 1, 0x20, 4), u64::MAX);
+        // Mipmaps: 1024^2 float4 with all 11 levels is 16 MiB x (1 + 1/4 + ...) = 22369616 bytes;
+        // a layered array keeps its 6 layers at every level; 0 levels is charged as 1.
+        let d = |w, h, depth, flags| Array3dDescriptor {
+            width: w,
+            height: h,
+            depth,
+            format: 0x20,
+            channels: 4,
+            flags,
+        };
+        assert_eq!(mipmapped_bytes(&d(1024, 1024, 0, 0), 11), 22_369_616);
+        assert_eq!(mipmapped_bytes(&d(4, 4, 6, 0x01), 3), (16 + 4 + 1) * 6 * 16);
+        assert_eq!(mipmapped_bytes(&d(4, 4, 4, 0), 3), (64 + 8 + 1) * 16);
+        assert_eq!(mipmapped_bytes(&d(8, 0, 0, 0), 0), 8 * 16);
     }
 }

@@ -144,13 +144,32 @@ impl<'a> Ledger<'a> {
         n
     }
 
-    /// Pids owning a slot (the container's CUDA processes).
+    /// Pids NVML may report for the container's CUDA processes: every slot owner's pid and, where
+    /// known, its host pid ([`Ledger::set_host_pid`]).
     pub fn pids(&self) -> Vec<u32> {
-        self.used_slots()
-            .map(|s| self.w(s, slot::OWNER).load(SeqCst))
-            .filter(|&o| o != 0 && o & OWNER_RECLAIMING == 0)
-            .map(|o| (o & 0xffff_ffff) as u32)
-            .collect()
+        let mut v = Vec::new();
+        for s in self.used_slots() {
+            let o = self.w(s, slot::OWNER).load(SeqCst);
+            if o == 0 || o & OWNER_RECLAIMING != 0 {
+                continue;
+            }
+            v.push((o & 0xffff_ffff) as u32);
+            let host = (self.w(s, slot::HOST_PID).load(SeqCst) & 0xffff_ffff) as u32;
+            if host != 0 {
+                v.push(host);
+            }
+        }
+        v
+    }
+
+    /// Records the pid NVML reports for slot `s`'s process (its pid in the host's namespace).
+    pub fn set_host_pid(&self, s: usize, pid: u32) {
+        self.w(s, slot::HOST_PID).store(u64::from(pid), SeqCst);
+    }
+
+    /// The pid NVML reports for slot `s`'s process, 0 = not known.
+    pub fn host_pid(&self, s: usize) -> u32 {
+        (self.w(s, slot::HOST_PID).load(SeqCst) & 0xffff_ffff) as u32
     }
 
     /// Bytes the container uses on `dev`.
@@ -263,9 +282,18 @@ mod tests {
             (snap.launches(), snap.throttled_ns(), snap.oom_refusals()),
             (1, 5, 1)
         );
+        // Host pids join the pids NVML may name, and leave with the slot.
+        l.set_host_pid(b, 40_011);
+        assert_eq!(l.host_pid(b), 40_011);
+        assert_eq!(l.pids(), vec![11, 40_011]);
+        assert_eq!(
+            Snapshot::parse(&bytes(&w)).unwrap().processes[0].host_pid,
+            40_011
+        );
         // Pid 11 comes back as a new process: its old slot is cleared.
         assert_eq!(l.claim(11, &|_| true), Some(b));
         assert_eq!(l.container_used(0), 0);
+        assert_eq!(l.host_pid(b), 0);
     }
 
     #[test]

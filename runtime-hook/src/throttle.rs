@@ -20,7 +20,7 @@
 //! own launches against the container's utilization; every one scales by the same `L/u`, so the sum
 //! converges to `L` too.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Work a bucket lets through at once after an idle time.
@@ -32,36 +32,89 @@ pub const PERIOD: Duration = Duration::from_millis(50);
 /// Lowest refill rate, blocks per second (a starved process still makes progress).
 pub const MIN_RATE: f64 = 10.0;
 
+/// Work one purchase of tokens covers on the slow path: a launch that finds the prepaid tokens used
+/// up buys this much GPU time at once (or its own cost, when larger), so the clock is read and the
+/// GCRA word updated about once per millisecond of work, not once per launch.
+pub const BATCH_NS: u64 = 1_000_000;
+/// Tokens one purchase gets while the bucket has no rate yet (not throttled): effectively endless,
+/// and cut to one batch when the first rate is set.
+const UNTHROTTLED_BATCH: u64 = 1 << 40;
+
 /// One device's token bucket. `ns_per_block` 0 = not throttled (yet).
+///
+/// Two layers: a pool of prepaid tokens (`tokens`), from which a launch takes its blocks with one
+/// relaxed atomic subtraction (the fast path, no clock, no syscall), and the GCRA word `tat` from
+/// which the pool is bought, a batch of [`BATCH_NS`] of work at a time, by the launch that finds the
+/// pool empty (the slow path: it waits what the GCRA says, then deposits the batch). Every token
+/// taken was bought at the refill rate, so the long-run rate is the GCRA's; the pool adds at most one
+/// batch per concurrent buyer to the burst.
 #[derive(Debug, Default)]
 pub struct Bucket {
+    tokens: AtomicI64,
+    bought: AtomicU64,
     tat: AtomicU64,
     ns_per_block: AtomicU64,
-    consumed: AtomicU64,
 }
 
 impl Bucket {
-    /// Takes `blocks` tokens at `now` (ns); returns how long the launch must wait, in ns.
-    pub fn take(&self, now: u64, blocks: u64) -> u64 {
-        self.consumed.fetch_add(blocks, Relaxed);
+    /// Fast path: takes `blocks` prepaid tokens. `false` when the pool did not hold them: the blocks
+    /// are taken anyway (the pool goes into debt) and the caller must [`Bucket::buy`], wait, and
+    /// [`Bucket::deposit`].
+    #[inline]
+    pub fn try_take(&self, blocks: u64) -> bool {
+        let b = blocks.min(i64::MAX as u64 / 2) as i64;
+        self.tokens.fetch_sub(b, Relaxed) >= b
+    }
+
+    /// Slow path after a failed [`Bucket::try_take`] of `blocks` at `now` (ns): buys a batch of
+    /// tokens from the GCRA. Returns (ns to wait before depositing, tokens to deposit).
+    pub fn buy(&self, now: u64, blocks: u64) -> (u64, u64) {
         let nspb = f64::from_bits(self.ns_per_block.load(Relaxed));
         if nspb <= 0.0 {
-            return 0;
+            return (0, blocks.max(UNTHROTTLED_BATCH));
         }
-        let cost = (blocks as f64 * nspb).min(1e18) as u64;
+        let batch = blocks.max((BATCH_NS as f64 / nspb) as u64).max(1);
+        let cost = (batch as f64 * nspb).min(1e18) as u64;
         let prev = match self
             .tat
             .fetch_update(Relaxed, Relaxed, |t| Some(t.max(now).saturating_add(cost)))
         {
             Ok(p) | Err(p) => p,
         };
-        prev.saturating_sub(now.saturating_add(BURST_NS))
-            .min(MAX_WAIT_NS)
+        let wait = prev
+            .saturating_sub(now.saturating_add(BURST_NS))
+            .min(MAX_WAIT_NS);
+        (wait, batch)
     }
 
-    /// Blocks launched so far.
+    /// Puts bought tokens in the pool (after the wait [`Bucket::buy`] asked for).
+    pub fn deposit(&self, batch: u64) {
+        let b = batch.min(i64::MAX as u64 / 2);
+        self.bought.fetch_add(b, Relaxed);
+        self.tokens.fetch_add(b as i64, Relaxed);
+    }
+
+    /// Takes `blocks` tokens at `now` (ns), buying and depositing at once when the pool is empty;
+    /// returns how long the launch must wait, in ns (the caller waits after the deposit, which is
+    /// the same for a single thread; the launch path waits first).
+    pub fn take(&self, now: u64, blocks: u64) -> u64 {
+        if self.try_take(blocks) {
+            return 0;
+        }
+        let (wait, batch) = self.buy(now, blocks);
+        self.deposit(batch);
+        wait
+    }
+
+    /// Blocks launched so far: every token bought less those still in the pool.
     pub fn consumed(&self) -> u64 {
-        self.consumed.load(Relaxed)
+        let bought = self.bought.load(Relaxed);
+        let pool = self.tokens.load(Relaxed);
+        if pool >= 0 {
+            bought.saturating_sub(pool as u64)
+        } else {
+            bought.saturating_add(pool.unsigned_abs())
+        }
     }
 
     /// Refill rate in blocks per second; `None` while not throttled.
@@ -70,13 +123,20 @@ impl Bucket {
         (nspb > 0.0).then(|| 1e9 / nspb)
     }
 
-    /// Sets the refill rate; debt older than one burst is forgiven (it was owed at the old rate).
+    /// Sets the refill rate; debt older than one burst is forgiven (it was owed at the old rate), and
+    /// prepaid tokens beyond one batch at the new rate are taken back (they were bought at the old
+    /// one, or for nothing before the first rate).
     pub fn set_rate(&self, blocks_per_s: f64, now: u64) {
         let r = blocks_per_s.max(MIN_RATE);
         self.ns_per_block.store((1e9 / r).to_bits(), Relaxed);
         let _ = self.tat.fetch_update(Relaxed, Relaxed, |t| {
             Some(t.min(now.saturating_add(BURST_NS)))
         });
+        let cap = ((r * BATCH_NS as f64 / 1e9) as i64).max(1);
+        let prev = self.tokens.fetch_min(cap, Relaxed);
+        if prev > cap {
+            self.bought.fetch_sub((prev - cap) as u64, Relaxed);
+        }
     }
 }
 
@@ -157,6 +217,47 @@ mod tests {
         assert!((980_000_000..=1_000_000_000).contains(&now), "{now}");
         assert_eq!(waited, now);
         assert!(b.take(now, 1_000_000) <= MAX_WAIT_NS);
+    }
+
+    /// Small launches at a high rate: the pool serves almost all of them (the slow path buys one
+    /// batch per millisecond of work), the long-run rate is still the refill rate, and the
+    /// controller's count of launched blocks stays exact through a rate change.
+    #[test]
+    fn prepaid_tokens_keep_the_rate_and_the_count() {
+        let b = Bucket::default();
+        b.set_rate(1_000_000.0, 0); // 1 us per block: batches of 1000 blocks
+        let (mut now, mut slow) = (0u64, 0u32);
+        for _ in 0..1_000_000 {
+            if !b.try_take(1) {
+                slow += 1;
+                let (wait, batch) = b.buy(now, 1);
+                now += wait;
+                b.deposit(batch);
+            }
+        }
+        assert_eq!(slow, 1000);
+        // 1e6 blocks at 1e6/s: 1 s, less the 10 ms burst and the last batch's own time.
+        assert!((985_000_000..=1_000_000_000).contains(&now), "{now}");
+        assert_eq!(b.consumed(), 1_000_000);
+        // A lower rate takes back prepaid tokens beyond one batch of it; the count is unchanged.
+        b.deposit(50_000);
+        b.set_rate(100_000.0, now);
+        assert_eq!(b.consumed(), 1_000_000);
+        assert!(b.try_take(100) && !b.try_take(1));
+        assert_eq!(b.consumed(), 1_000_101);
+    }
+
+    /// Before the first rate the pool is endless (no launch waits), and the first rate cuts it to
+    /// one batch, so an unthrottled start does not leave a burst behind.
+    #[test]
+    fn the_first_rate_cuts_the_free_pool() {
+        let b = Bucket::default();
+        assert_eq!(b.take(0, 10), 0);
+        assert!(b.try_take(1 << 30));
+        b.set_rate(1000.0, 0); // 1 ms per block: one-block batches
+        assert!(b.try_take(1));
+        assert!(!b.try_take(1));
+        assert_eq!(b.consumed(), 10 + (1 << 30) + 2);
     }
 
     /// A simulated device whose utilization is proportional to the launch rate: the law converges

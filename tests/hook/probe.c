@@ -3,9 +3,11 @@
  *   probe MODE STEP...      MODE: direct (linked -lcuda) | procaddr (cuGetProcAddress_v2) | dlsym (dlopen+dlsym)
  *   STEP: init | ctx:DEV | alloc:BYTES[m] | free:INDEX | info | total:DEV | launch:N | count
  *         | stress:THREADS:ITERS:SEED (random alloc/free of up to 64 MiB on device 0) | peak:DEV
+ *         | stressuntil:THREADS:PATH:SEED (the same until the file PATH exists)
  *         | async:BYTES | managed:BYTES | pool:BYTES | poolp:BYTES (_ptsz) | pitch:WIDTH:HEIGHT
  *         | vmm:DEV:BYTES | release:INDEX | array:W:H | array3d:W:H:D | arrfree:INDEX
  *         | alloc1:BYTES | free1:INDEX | info1 (the CUDA 3.1 ABI)
+ *         | mipmap:W:H:LEVELS (float4) | mipfree:INDEX
  *         | launchp:N | coop:N | coopp:N | launchex:N | launchexp:N | graph:N | graphp:N
  *         | rate:TOTAL_MS:WINDOW_MS:GRID (launch GRID-block kernels as fast as allowed for TOTAL_MS,
  *           printing "window START_MS LAUNCHES_PER_S" per window)
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -48,6 +51,8 @@ CUresult cuMemRelease(unsigned long long);
 CUresult cuArrayCreate_v2(void **, const array_desc *);
 CUresult cuArray3DCreate_v2(void **, const array3d_desc *);
 CUresult cuArrayDestroy(void *);
+CUresult cuMipmappedArrayCreate(void **, const array3d_desc *, unsigned);
+CUresult cuMipmappedArrayDestroy(void *);
 CUresult cuMemAlloc(unsigned *, unsigned);
 CUresult cuMemFree(unsigned);
 CUresult cuMemGetInfo(unsigned *, unsigned *);
@@ -82,6 +87,8 @@ static struct {
     CUresult (*array)(void **, const array_desc *);
     CUresult (*array3d)(void **, const array3d_desc *);
     CUresult (*arrfree)(void *);
+    CUresult (*mipmap)(void **, const array3d_desc *, unsigned);
+    CUresult (*mipfree)(void *);
     CUresult (*alloc1)(unsigned *, unsigned);
     CUresult (*free1)(unsigned);
     CUresult (*info1)(unsigned *, unsigned *);
@@ -128,6 +135,8 @@ static int lookup_more(const char *mode, void *lib) {
     L(array, "cuArrayCreate", "cuArrayCreate_v2", 12040, 0);
     L(array3d, "cuArray3DCreate", "cuArray3DCreate_v2", 12040, 0);
     L(arrfree, "cuArrayDestroy", "cuArrayDestroy", 12040, 0);
+    L(mipmap, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 12040, 0);
+    L(mipfree, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 12040, 0);
     /* A program built against CUDA 3.1 gets the 32-bit ABI. */
     L(alloc1, "cuMemAlloc", "cuMemAlloc", 3010, 0);
     L(free1, "cuMemFree", "cuMemFree", 3010, 0);
@@ -156,7 +165,7 @@ static double now_ms(void) {
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
-struct worker { int iters; unsigned seed; int refused; double worst_ms; };
+struct worker { int iters; const char *stop; unsigned seed; int refused; double worst_ms; };
 
 /* Times one driver call: the longest a call took is what "never block" is checked against. */
 #define TIMED(w, call) do { double t0_ = now_ms(); call; double d_ = now_ms() - t0_; \
@@ -168,7 +177,8 @@ static void *stress(void *arg) {
     f.ctx(&c, 0, 0);
     CUdeviceptr held[64];
     int n = 0;
-    for (int i = 0; i < w->iters; i++) {
+    for (int i = 0; w->stop || i < w->iters; i++) {
+        if (w->stop && (i & 63) == 0 && access(w->stop, F_OK) == 0) break;
         if (n < 64 && (n == 0 || rand_r(&w->seed) % 3 != 0)) {
             CUdeviceptr p;
             size_t b = 1 + (size_t)(rand_r(&w->seed) % (64u << 20));
@@ -195,6 +205,7 @@ int main(int argc, char **argv) {
         g.managed = cuMemAllocManaged; g.pitch = cuMemAllocPitch_v2; g.pool = cuMemAllocFromPoolAsync;
         g.poolp = cuMemAllocFromPoolAsync_ptsz; g.vmm = cuMemCreate; g.release = cuMemRelease;
         g.array = cuArrayCreate_v2; g.array3d = cuArray3DCreate_v2; g.arrfree = cuArrayDestroy;
+        g.mipmap = cuMipmappedArrayCreate; g.mipfree = cuMipmappedArrayDestroy;
         g.alloc1 = cuMemAlloc; g.free1 = cuMemFree; g.info1 = cuMemGetInfo;
         g.launchp = cuLaunchKernel_ptsz; g.coop = cuLaunchCooperativeKernel;
         g.coopp = cuLaunchCooperativeKernel_ptsz; g.launchex = cuLaunchKernelEx;
@@ -233,6 +244,8 @@ int main(int argc, char **argv) {
     int nh = 0;
     void *arrays[256];
     int na = 0;
+    void *mipmaps[256];
+    int nm = 0;
     unsigned ptrs32[256];
     int n32 = 0;
     for (int i = 2; i < argc; i++) {
@@ -278,14 +291,16 @@ int main(int argc, char **argv) {
             unsigned long long v = 0;
             if (c) c(&v);
             printf("driver launches %llu\n", v);
-        } else if (!strncmp(a, "stress:", 7)) {
+        } else if (!strncmp(a, "stress:", 7) || !strncmp(a, "stressuntil:", 12)) {
             int threads = 1, iters = 1; unsigned seed = 1;
-            sscanf(a + 7, "%d:%d:%u", &threads, &iters, &seed);
+            char stop[4096] = "";
+            if (a[6] == ':') sscanf(a + 7, "%d:%d:%u", &threads, &iters, &seed);
+            else sscanf(a + 12, "%d:%4095[^:]:%u", &threads, stop, &seed);
             pthread_t t[64];
             struct worker w[64];
             if (threads > 64) threads = 64;
             for (int j = 0; j < threads; j++) {
-                w[j].iters = iters; w[j].seed = seed * 131 + j; w[j].refused = 0; w[j].worst_ms = 0;
+                w[j].iters = iters; w[j].stop = stop[0] ? stop : NULL; w[j].seed = seed * 131 + j; w[j].refused = 0; w[j].worst_ms = 0;
                 pthread_create(&t[j], NULL, stress, &w[j]);
             }
             int refused = 0;
@@ -348,6 +363,18 @@ int main(int argc, char **argv) {
             }
             if (r == 0 && na < 256) arrays[na++] = arr;
             printf("%.*s = %d\n", (int)(strchr(a, ':') - a), a, r);
+        } else if (!strncmp(a, "mipmap:", 7)) {
+            size_t w = 0, h = 0;
+            unsigned levels = 0;
+            sscanf(a + 7, "%zu:%zu:%u", &w, &h, &levels);
+            array3d_desc desc = { w, h, 0, 0x20, 4, 0 }; /* CU_AD_FORMAT_FLOAT, 4 channels */
+            void *arr = NULL;
+            CUresult r = g.mipmap(&arr, &desc, levels);
+            if (r == 0 && nm < 256) mipmaps[nm++] = arr;
+            printf("mipmap = %d\n", r);
+        } else if (!strncmp(a, "mipfree:", 8)) {
+            int k = atoi(a + 8);
+            printf("mipfree = %d\n", k < nm ? g.mipfree(mipmaps[k]) : -1);
         } else if (!strncmp(a, "arrfree:", 8)) {
             int k = atoi(a + 8);
             printf("arrfree = %d\n", k < na ? g.arrfree(arrays[k]) : -1);

@@ -288,15 +288,20 @@ fn processes_share_one_limit_and_dead_ones_are_reclaimed() {
     assert_eq!(snap.processes.len(), 1);
 }
 
-/// 4 processes x 16 threads allocate and free at random against one 1 GiB limit while one of them
-/// is SIGKILLed at a random point 100 times: the device-wide peak the fake driver saw never passes the
-/// limit, the survivors never block (they finish), and the killed processes' memory is reclaimed.
+/// SIGKILL storms under the concurrency test: 3 processes x 16 threads allocate and free at random
+/// against one 1 GiB limit while 100 more processes of 4 threads each, in 25 waves of 4 running at
+/// once beside them (64 allocating threads in all), are SIGKILLed at random points (during start-up, the hook's initialisation, a
+/// reservation, a reclaim...). The device-wide peak the fake driver saw never passes the limit, no
+/// call of a survivor blocks for a second, the killed processes' slots (and so their usage) are gone
+/// from the file within 1 s of the last kill while the survivors still run, and afterwards a new
+/// process gets the whole limit.
 #[test]
-fn stress_with_sigkill_never_passes_the_limit() {
+fn sigkill_storms_under_concurrency_never_pass_the_limit() {
     let _serial = timing();
     let env = setup();
     let shared = env.dir.path().join("fake-gpu");
     let shared_s = shared.to_string_lossy().to_string();
+    let stop = env.dir.path().join("stop");
     let vars = [
         ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
         ("FAKE_CUDA_DEVICE_MEMORY", "4g"),
@@ -304,31 +309,70 @@ fn stress_with_sigkill_never_passes_the_limit() {
     ];
     let mut survivors: Vec<_> = (0..3)
         .map(|i| {
-            let step = format!("stress:16:4000:{}", i + 1);
+            let step = format!("stressuntil:16:{}:{}", stop.display(), i + 1);
             env.command(&vars, &["direct", "init", step.as_str()])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
+    let survivor_pids: Vec<u32> = survivors.iter().map(std::process::Child::id).collect();
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
-    for round in 0..100 {
+    let mut random = move |n: u64| {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let step = format!("stress:16:100000000:{round}");
-        let mut victim = env
-            .command(&vars, &["direct", "init", step.as_str()])
-            .spawn()
-            .unwrap();
-        // The kill point: a random moment 0-15 ms into the victim's run.
-        std::thread::sleep(std::time::Duration::from_micros((seed >> 33) % 15_000));
-        victim.kill().unwrap();
-        victim.wait().unwrap();
+        (seed >> 33) % n
+    };
+    for wave in 0..25 {
+        let started = std::time::Instant::now();
+        let mut victims: Vec<_> = (0..4)
+            .map(|v| {
+                let step = format!("stress:4:100000000:{}", wave * 4 + v);
+                let child = env
+                    .command(&vars, &["direct", "init", step.as_str()])
+                    .spawn()
+                    .unwrap();
+                // Each one's kill point: a random moment 0-15 ms after the wave started.
+                (std::time::Duration::from_micros(random(15_000)), child)
+            })
+            .collect();
+        victims.sort_by_key(|v| v.0);
+        for (at, child) in &mut victims {
+            if let Some(left) = at.checked_sub(started.elapsed()) {
+                std::thread::sleep(left);
+            }
+            child.kill().unwrap();
+        }
+        for (_, child) in &mut victims {
+            child.wait().unwrap();
+        }
     }
+    let last_kill = std::time::Instant::now();
+    let read = || {
+        std::fs::read(env.cache())
+            .ok()
+            .and_then(|b| Snapshot::parse(&b).ok())
+    };
+    let snap = vgpu_tests::wait_for(
+        std::time::Duration::from_secs(10),
+        "the killed processes' slots to be reclaimed",
+        || {
+            read().filter(|s| {
+                s.processes.len() == survivor_pids.len()
+                    && s.processes.iter().all(|p| survivor_pids.contains(&p.pid))
+            })
+        },
+    );
+    let took = last_kill.elapsed();
+    let alive: Vec<bool> = survivors
+        .iter_mut()
+        .map(|c| c.try_wait().unwrap().is_none())
+        .collect();
+    std::fs::write(&stop, b"").unwrap();
     let statuses = vgpu_tests::wait_for(
         std::time::Duration::from_secs(120),
         "the surviving stress processes to finish",
@@ -343,6 +387,18 @@ fn stress_with_sigkill_never_passes_the_limit() {
     for s in statuses.into_iter().flatten() {
         assert!(s.success(), "a survivor failed: {s}");
     }
+    assert_eq!(alive, [true; 3], "a survivor ended before the storm did");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "killed processes reclaimed {took:?} after the last kill"
+    );
+    // The killed processes' launches and refusals stay counted (retired), and what is left in use
+    // is the survivors' alone: at most the limit.
+    assert!(snap.used(0) <= 1 << 30, "{snap:?}");
+    assert!(
+        snap.oom_refusals() > 0,
+        "the storm never reached the limit: {snap:?}"
+    );
     // No allocation or free of a survivor blocked for a second, whatever the kills interrupted.
     for c in &mut survivors {
         let mut out = String::new();
@@ -457,6 +513,47 @@ fn every_allocator_and_launch_entry_is_capped_and_metered() {
     }
 }
 
+/// Mipmapped arrays are charged the sum of their levels (1024 x 1024 float4, 11 levels: 22369616
+/// bytes) and returned when destroyed, on every lookup path.
+#[test]
+fn mipmapped_arrays_are_capped_by_all_their_levels() {
+    for mode in ["direct", "procaddr", "dlsym"] {
+        let env = setup();
+        let (out, _) = env.run(
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "32m")],
+            &[
+                mode,
+                "init",
+                "ctx:0",
+                "mipmap:1024:1024:11",
+                "info",
+                "mipmap:1024:1024:11",
+                "mipfree:0",
+                "info",
+                "mipmap:1024:1024:1",
+                "info",
+            ],
+        );
+        let total = 32u64 << 20;
+        assert_eq!(
+            out,
+            [
+                "init = 0".to_string(),
+                "ctx = 0".into(),
+                "mipmap = 0".into(),
+                format!("info = 0 free {} total {total}", total - 22_369_616),
+                "mipmap = 2".into(),
+                "mipfree = 0".into(),
+                format!("info = 0 free {total} total {total}"),
+                "mipmap = 0".into(),
+                format!("info = 0 free {} total {total}", 16u64 << 20),
+            ],
+            "mode {mode}"
+        );
+        assert_eq!(env.snapshot().processes[0].oom_refusals, 1, "mode {mode}");
+    }
+}
+
 /// Launch rates per window from the probe's `rate` step: (window start in ms, launches per second).
 fn windows(out: &[String]) -> Vec<(f64, f64)> {
     out.iter()
@@ -471,16 +568,24 @@ fn windows(out: &[String]) -> Vec<(f64, f64)> {
 /// Core limit: the fake GPU runs 200 us per launch (4 blocks x 50 us), so a program launching as
 /// fast as it can keeps it 100 % busy, and the fake NVML reports utilization proportional to the
 /// launch rate. With CUDA_DEVICE_SM_LIMIT=30 the launch rate measured by the program is within
-/// +-10 % of 30 % of its unthrottled rate in every window after 2 s; with 100 nothing waits. Both
-/// with NVML process utilization and with its device-utilization fallback.
+/// +-10 % of 30 % of its unthrottled rate in every window after 2 s; with 100 nothing waits. With
+/// NVML process utilization, with its device-utilization fallback, and in a pid namespace beside
+/// another tenant (NVML's host pids are mapped to the container's processes).
 #[test]
 fn core_limit_converges_to_the_limit_within_two_seconds() {
     let _serial = timing();
-    for process_util in [true, false] {
+    for (process_util, namespaced) in [(true, false), (false, false), (true, true)] {
         let env = setup();
         let mut vars = vec![("FAKE_CUDA_BLOCK_NS", "50000")];
         if !process_util {
             vars.push(("FAKE_NVML_NO_PROCESS_UTILIZATION", "1"));
+        }
+        if namespaced {
+            // NVML names the process by its host pid, and another tenant keeps the GPU 40 % busy:
+            // only the host-pid mapping finds the container's own samples (device utilization
+            // would count the other tenant's 40 % as the container's).
+            vars.push(("FAKE_NVML_PID_OFFSET", "100000"));
+            vars.push(("FAKE_NVML_OTHER_UTILIZATION", "40"));
         }
         let with = |limit: &'static str| {
             let mut v = vars.clone();
@@ -507,7 +612,7 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
         for share in &late {
             assert!(
                 (0.27..=0.33).contains(share),
-                "process_util {process_util}: share {share:.3} of {r0:.0}/s after 2 s; windows {limited:?}"
+                "process_util {process_util} namespaced {namespaced}: share {share:.3} of {r0:.0}/s after 2 s; windows {limited:?}"
             );
         }
         let snap = env.snapshot();
@@ -515,6 +620,11 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
             snap.processes.iter().any(|p| p.throttled_ns > 500_000_000),
             "{snap:?}"
         );
+        if namespaced {
+            // The process found its NVML pid and recorded it for the device plugin.
+            let p = &snap.processes[0];
+            assert_eq!(p.host_pid, p.pid + 100_000, "{snap:?}");
+        }
 
         // Limit 100 = no limit: nothing waits (exact: no throttled time in a fresh file), and the
         // rate stays the device's (loosely: the machine may be busy).
@@ -526,7 +636,7 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
         assert_eq!(env.snapshot().throttled_ns(), 0);
         let full = windows(&out);
         eprintln!(
-            "process_util {process_util}: r0 {r0:.0}/s, limit 30 {limited:?}, limit 100 {full:?}"
+            "process_util {process_util} namespaced {namespaced}: r0 {r0:.0}/s, limit 30 {limited:?}, limit 100 {full:?}"
         );
         let r100 = full.iter().map(|w| w.1).fold(0.0, f64::max);
         assert!(r100 / r0 > 0.8, "limit 100 throttled: {r100} vs {r0}");
@@ -709,4 +819,131 @@ fn the_limits_file_beside_the_library_beats_the_environment() {
         stderr.contains("limits.env") && stderr.contains("line 2"),
         "{stderr}"
     );
+}
+
+/// Runs the probe through a wrapper command (`sh -c ...`, `unshare ...`); returns (exit status,
+/// stdout lines, stderr) without asserting success.
+fn run_wrapped(
+    env: &Env,
+    wrapper: &[&str],
+    vars: &[(&str, &str)],
+    args: &[&str],
+) -> (std::process::ExitStatus, Vec<String>, String) {
+    let mut cmd = Command::new(wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(&env.probe)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LD_LIBRARY_PATH", env.dir.path())
+        .env("LD_PRELOAD", &env.hook);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    (
+        out.status,
+        stdout.lines().map(String::from).collect(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The probe's answer when the accounting file cannot be used: cuInit and the allocation are
+/// refused (CUDA_ERROR_NOT_INITIALIZED), never run unmetered, and stderr has exactly one line,
+/// naming the path and the OS error.
+fn assert_fails_closed(out: &[String], err: &str, path: &std::path::Path, errno: &str) {
+    assert_eq!(out, ["init = 3", "alloc 1048576 = 3"], "stderr: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(&path.display().to_string()) && lines[0].contains(errno),
+        "want the path and {errno:?}: {err}"
+    );
+}
+
+/// A shared-file directory that cannot be written, or a file system that is full, fails closed.
+/// Every case holds for root (the tests run as root in CI, where permission bits do not stop
+/// writes): a path through a regular file (ENOTDIR), a device instead of a regular file (/dev/zero
+/// would map as memory no other process shares), a file-size limit below the file's size
+/// (RLIMIT_FSIZE, as `ulimit -f` sets it: growing the file fails with EFBIG) and, where this
+/// machine lets an unprivileged user namespace mount, a read-only bind mount (EROFS); that last case
+/// is skipped, with a line on stderr, where mounting is not permitted.
+#[test]
+fn unusable_accounting_file_fails_closed_with_one_line() {
+    let env = setup();
+    let vars = |p: &std::path::Path| {
+        vec![
+            ("CUDA_DEVICE_MEMORY_LIMIT".to_string(), "1g".to_string()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_string(),
+                p.display().to_string(),
+            ),
+        ]
+    };
+    let args = ["direct", "init", "alloc:1m"];
+    let plain = env.dir.path().join("plain-file");
+    std::fs::write(&plain, b"not a directory").unwrap();
+    for (path, errno) in [
+        (plain.join("vgpu/vgpu.cache"), "os error 20"),
+        (std::path::PathBuf::from("/dev/zero"), "not a regular file"),
+    ] {
+        let v = vars(&path);
+        let v: Vec<(&str, &str)> = v.iter().map(|(k, x)| (k.as_str(), x.as_str())).collect();
+        let (status, out, err) = run_wrapped(&env, &["env"], &v, &args);
+        assert!(status.success(), "{out:?} {err}");
+        assert_fails_closed(&out, &err, &path, errno);
+    }
+
+    // "Full": the file-size limit is below the accounting file's size (ulimit -f counts blocks of
+    // 512 or 1024 bytes; 1 block is far below the file's 41 KiB).
+    let full = env.dir.path().join("full/vgpu.cache");
+    let v = vars(&full);
+    let v: Vec<(&str, &str)> = v.iter().map(|(k, x)| (k.as_str(), x.as_str())).collect();
+    let (status, out, err) = run_wrapped(
+        &env,
+        &["sh", "-c", "ulimit -f 1 && exec \"$0\" \"$@\""],
+        &v,
+        &args,
+    );
+    assert!(status.success(), "{out:?} {err}");
+    assert_fails_closed(&out, &err, &full, "os error 27");
+    assert!(
+        !full.exists() || std::fs::metadata(&full).unwrap().len() == 0,
+        "the file was grown past the limit"
+    );
+
+    // Read-only file system: a read-only bind mount in a private user and mount namespace.
+    let ro = env.dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let cache = ro.join("acct/vgpu.cache");
+    let v = vars(&cache);
+    let v: Vec<(&str, &str)> = v.iter().map(|(k, x)| (k.as_str(), x.as_str())).collect();
+    let mount = format!(
+        "mount --bind -o ro {0} {0} || exit 97; exec \"$0\" \"$@\"",
+        ro.display()
+    );
+    let (status, out, err) = run_wrapped(
+        &env,
+        &[
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            &mount,
+        ],
+        &v,
+        &args,
+    );
+    if out.is_empty() {
+        eprintln!(
+            "read-only case skipped: cannot mount here ({status}: {})",
+            err.trim()
+        );
+        return;
+    }
+    assert!(status.success(), "{out:?} {err}");
+    assert_fails_closed(&out, &err, &cache, "os error 30");
 }

@@ -54,6 +54,9 @@ struct Device {
     busy_until: u64,
     /// GPU ns of all kernels queued so far.
     scheduled: u64,
+    /// Contexts this process created or retained on the device (NVML lists a process among the
+    /// device's compute processes once it has one).
+    contexts: u64,
 }
 
 struct State {
@@ -105,6 +108,7 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
             used: 0,
             busy_until: 0,
             scheduled: 0,
+            contexts: 0,
         })
         .collect();
     Ok(Mutex::new(State {
@@ -219,11 +223,12 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let s = try_cu!(state());
+    let mut s = try_cu!(state());
     let d = try_cu!(device_index(&s, dev));
     if pctx.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    s.devices[d].contexts += 1;
     // SAFETY: checked non-null.
     unsafe { *pctx = make_current(d) };
     CUDA_SUCCESS
@@ -232,11 +237,12 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 /// `cuDevicePrimaryCtxRetain`: returns the device's primary context (not made current).
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let s = try_cu!(state());
+    let mut s = try_cu!(state());
     let d = try_cu!(device_index(&s, dev));
     if pctx.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    s.devices[d].contexts += 1;
     // SAFETY: checked non-null.
     unsafe { *pctx = (d + 1) as CUcontext };
     CUDA_SUCCESS
@@ -652,6 +658,52 @@ pub extern "C" fn cuArrayDestroy(array: *mut c_void) -> CUresult {
     free_ptr(array as u64)
 }
 
+/// `CUDA_ARRAY3D_LAYERED` and `CUDA_ARRAY3D_CUBEMAP` (cuda.h): the depth counts layers (or the 6
+/// faces), which mipmap levels do not shrink.
+const ARRAY3D_LAYERED: c_uint = 0x01;
+const ARRAY3D_CUBEMAP: c_uint = 0x04;
+
+/// Elements of a mipmapped array: level `l` has each dimension halved `l` times (at least 1);
+/// "numMipmapLevels ... Number of mipmap levels" (cuMipmappedArrayCreate), height 0 = 1D, depth 0 =
+/// 2D, layered and cubemap depths are not halved.
+pub fn mipmapped_elements(w: usize, h: usize, d: usize, flags: c_uint, levels: c_uint) -> u64 {
+    let keep_depth = flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+    (0..levels.max(1))
+        .map(|l| {
+            let shrink = |x: usize| (x.max(1) as u64 >> l.min(63)).max(1);
+            let depth = if keep_depth {
+                d.max(1) as u64
+            } else {
+                shrink(d)
+            };
+            shrink(w) * shrink(h) * depth
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// `cuMipmappedArrayCreate`: a mipmapped CUDA array of `levels` levels described by a 3D
+/// descriptor; CUDA_ERROR_INVALID_VALUE for a zero level count.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    array: *mut *mut c_void,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    if desc.is_null() || levels == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    let elements = mipmapped_elements(d.width, d.height, d.depth, d.flags, levels);
+    array_alloc(array, elements as usize, 1, 1, d.format, d.channels)
+}
+
+/// `cuMipmappedArrayDestroy`.
+#[no_mangle]
+pub extern "C" fn cuMipmappedArrayDestroy(array: *mut c_void) -> CUresult {
+    free_ptr(array as u64)
+}
+
 /// `cuMemGetInfo_v2`: free and total memory of the current context's device. With `FAKE_CUDA_SHARED`
 /// free is what all processes left, as on a real GPU.
 #[no_mangle]
@@ -735,6 +787,22 @@ pub unsafe extern "C" fn fakeCudaGetBusyNs(dev: c_int, busy: *mut u64) -> CUresu
     let queued = dev.busy_until.saturating_sub(now_ns());
     // SAFETY: checked non-null.
     unsafe { *busy = dev.scheduled.saturating_sub(queued) };
+    CUDA_SUCCESS
+}
+
+/// Test hook (not CUDA; read by the fake NVML as NVML lists compute processes): contexts this
+/// process has created or retained on physical device `dev`.
+#[no_mangle]
+pub unsafe extern "C" fn fakeCudaGetContextCount(dev: c_int, count: *mut u64) -> CUresult {
+    if count.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = try_cu!(state());
+    let Some(d) = s.physical.iter().position(|&p| p as c_int == dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    // SAFETY: checked non-null.
+    unsafe { *count = s.devices[d].contexts };
     CUDA_SUCCESS
 }
 
@@ -981,6 +1049,8 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
         "cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
         "cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
         "cuArrayDestroy" => cuArrayDestroy as *mut c_void,
+        "cuMipmappedArrayCreate" => cuMipmappedArrayCreate as *mut c_void,
+        "cuMipmappedArrayDestroy" => cuMipmappedArrayDestroy as *mut c_void,
         "cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
         "cuLaunchKernel" => cuLaunchKernel as *mut c_void,
         "cuLaunchKernel_ptsz" => cuLaunchKernel_ptsz as *mut c_void,

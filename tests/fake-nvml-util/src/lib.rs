@@ -11,6 +11,14 @@
 //! `FAKE_NVML_NO_PROCESS_UTILIZATION=1` makes `nvmlDeviceGetProcessUtilization` return
 //! NVML_ERROR_NOT_SUPPORTED, as on GPUs without per-process accounting.
 //!
+//! `FAKE_NVML_PID_OFFSET=K`: the calling process is reported as pid `getpid() + K`. NVML reports
+//! the pids of the host's pid namespace, so inside a container its own process has another number
+//! (nvidia-smi in a container shows host pids, or none).
+//!
+//! `FAKE_NVML_OTHER_UTILIZATION=N`: another tenant's process ([`OTHER_PID`]) keeps the GPU `N` %
+//! busy: it is one of the device's compute processes, has its own process-utilization sample, and
+//! adds `N` to the device's utilization (capped at 100), as a shared GPU shows everyone's kernels.
+//!
 //! (The device plugin's shared NVML double is `tests/fake-nvml`; this one is separate until the two
 //! are merged.)
 #![allow(unsafe_code)]
@@ -31,6 +39,21 @@ const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// Host pid of the other tenant's process (`FAKE_NVML_OTHER_UTILIZATION`).
+pub const OTHER_PID: c_uint = 4_194_000;
+
+fn env_u32(name: &str) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The pid NVML reports for the calling process.
+fn reported_pid() -> c_uint {
+    std::process::id().wrapping_add(env_u32("FAKE_NVML_PID_OFFSET"))
+}
 
 /// Shortest sample period: NVML's utilization is "percent of time over the past sample period", a
 /// period between 1/6 s and 1 s on real GPUs; the fake uses the time since the previous sample, but
@@ -310,8 +333,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     }
     match utilization(device) {
         Ok(p) => {
+            let gpu = (p + env_u32("FAKE_NVML_OTHER_UTILIZATION")).min(100);
             // SAFETY: checked non-null.
-            unsafe { *util = Utilization { gpu: p, memory: 0 } };
+            unsafe { *util = Utilization { gpu, memory: 0 } };
             NVML_SUCCESS
         }
         Err(e) => e,
@@ -320,6 +344,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 
 /// `nvmlProcessUtilizationSample_t`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ProcessSample {
     pid: c_uint,
     time_stamp: u64,
@@ -332,7 +357,8 @@ pub struct ProcessSample {
 /// `nvmlDeviceGetProcessUtilization`: one sample per process that used the device since
 /// `lastSeenTimeStamp` (µs). With a NULL buffer it returns NVML_ERROR_INSUFFICIENT_SIZE and the
 /// count; NVML_ERROR_NOT_FOUND when no process has a newer sample. The fake reports the calling
-/// process only (its GPU work is the only work the fake driver sees).
+/// process (its GPU work is the only work the fake driver sees), under its host pid
+/// (`FAKE_NVML_PID_OFFSET`), and the other tenant's process when there is one.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: NvmlDevice,
@@ -354,21 +380,98 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     if now_us <= last_seen {
         return NVML_ERROR_NOT_FOUND;
     }
-    // SAFETY: checked non-null.
+    let other = env_u32("FAKE_NVML_OTHER_UTILIZATION");
+    let mine = ProcessSample {
+        pid: reported_pid(),
+        time_stamp: now_us,
+        sm_util: p,
+        mem_util: 0,
+        enc_util: 0,
+        dec_util: 0,
+    };
+    let theirs = ProcessSample {
+        pid: OTHER_PID,
+        sm_util: other,
+        ..mine
+    };
+    let all: Vec<ProcessSample> = if other > 0 {
+        vec![mine, theirs]
+    } else {
+        vec![mine]
+    };
+    // SAFETY: checked non-null; `samples` holds `*count` entries when non-null.
     unsafe {
-        if samples.is_null() || *count < 1 {
-            *count = 1;
+        if samples.is_null() || (*count as usize) < all.len() {
+            *count = all.len() as c_uint;
             return NVML_ERROR_INSUFFICIENT_SIZE;
         }
-        *samples = ProcessSample {
-            pid: std::process::id(),
-            time_stamp: now_us,
-            sm_util: p,
-            mem_util: 0,
-            enc_util: 0,
-            dec_util: 0,
-        };
-        *count = 1;
+        for (i, x) in all.iter().enumerate() {
+            *samples.add(i) = *x;
+        }
+        *count = all.len() as c_uint;
+    }
+    NVML_SUCCESS
+}
+
+/// `nvmlProcessInfo_t` (`_v2` and `_v3` of nvmlDeviceGetComputeRunningProcesses).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: "information about processes with a compute context
+/// on a device"; `*count` in: the buffer's size, out: the number of processes;
+/// NVML_ERROR_INSUFFICIENT_SIZE (with the count) when the buffer is too small or NULL with a
+/// non-zero size needed. The fake lists the calling process once it has a context on the device
+/// (the fake driver's count), and the other tenant's process when there is one.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    let s = match state() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let i = match handle_index(&s, device) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    drop(s);
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let info = |pid| ProcessInfo {
+        pid,
+        used_gpu_memory: 0,
+        gpu_instance_id: u32::MAX,
+        compute_instance_id: u32::MAX,
+    };
+    let mut all = Vec::new();
+    if env_u32("FAKE_NVML_OTHER_UTILIZATION") > 0 {
+        all.push(info(OTHER_PID));
+    }
+    if fake_cuda(c"fakeCudaGetContextCount", i) > 0 {
+        all.push(ProcessInfo {
+            used_gpu_memory: fake_cuda(c"fakeCudaGetDeviceUsed", i),
+            ..info(reported_pid())
+        });
+    }
+    // SAFETY: checked non-null; `infos` holds `*count` entries when non-null.
+    unsafe {
+        if (*count as usize) < all.len() || (infos.is_null() && !all.is_empty()) {
+            *count = all.len() as c_uint;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (k, x) in all.iter().enumerate() {
+            *infos.add(k) = *x;
+        }
+        *count = all.len() as c_uint;
     }
     NVML_SUCCESS
 }
