@@ -75,6 +75,11 @@ impl Shared {
         lock(&self.devices).clone()
     }
 
+    /// Runs `f` on the device state without copying it.
+    pub fn with_devices<R>(&self, f: impl FnOnce(&DeviceState) -> R) -> R {
+        f(&lock(&self.devices))
+    }
+
     /// A receiver of the ListAndWatch list.
     pub fn subscribe(&self) -> watch::Receiver<Vec<api::Device>> {
         self.list.subscribe()
@@ -135,8 +140,8 @@ impl Shared {
                 "container request has no device IDs",
             ));
         }
-        let devices = self.devices();
-        if let Some(bad) = ids.iter().find(|id| devices.gpu(uuid_of(id)).is_none()) {
+        let unknown = self.with_devices(|d| ids.iter().find(|id| !d.knows(id)).cloned());
+        if let Some(bad) = unknown {
             return Err(Status::invalid_argument(format!(
                 "device ID {bad:?} is not one this plugin advertises"
             )));
