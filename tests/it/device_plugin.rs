@@ -325,6 +325,7 @@ async fn critical_xid_flips_health_within_a_second_and_recovers() {
         "XID 43 was delivered (and ignored)"
     );
     let latency = Duration::from_micros((received - t79) as u64);
+    eprintln!("XID 79: NVML delivery to stream update {latency:?}");
     assert!(
         latency < Duration::from_secs(1),
         "event to stream update took {latency:?}"
