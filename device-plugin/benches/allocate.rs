@@ -58,6 +58,24 @@ fn fill(cache: &mut PodCache) {
     }
 }
 
+/// Untimed: replaces the oldest pod on GPU 3 (the one each Allocate matches) with a new pod of a
+/// new uid, so every timed Allocate creates a new container directory and a new record file, as
+/// on a node.
+fn fresh_pod3(shared: &Shared, n: &mut u64) {
+    *n += 1;
+    let mut p = pod(3);
+    p.uid = format!("uid-0003-{n}");
+    shared.with_pods(|c| {
+        c.remove(&format!("uid-0003-{}", *n - 1));
+        c.remove("uid-0003");
+        c.upsert(p);
+    });
+    if *n % 1000 == 0 {
+        // Keep the directories as small as a node's.
+        vgpu_device_plugin::metrics::forget_pods(&shared.settings.host_dir, |_| false);
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -178,14 +196,11 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
+                fresh_pod3(&shared, &mut n);
                 let t = Instant::now();
                 let r = rt.block_on(shared.allocate_container(&ids)).unwrap();
                 total += t.elapsed();
                 assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4096m");
-                shared.with_pods(|c| {
-                    c.remove("uid-0003");
-                    c.upsert(pod(3));
-                });
             }
             total
         })
@@ -197,18 +212,14 @@ fn bench(c: &mut Criterion) {
         }],
     };
     group.bench_function("allocate_rpc_500_pods_cached", |b| {
-        b.iter_custom(|n| {
+        b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
-            for _ in 0..n {
+            for _ in 0..iters {
+                fresh_pod3(&shared, &mut n);
                 let t = Instant::now();
                 let r = rt.block_on(client.allocate(req.clone())).unwrap();
                 total += t.elapsed();
                 assert_eq!(r.get_ref().container_responses.len(), 1);
-                // The oldest pod assigned GPU 3 (pod 3) matched; make it claimable again (untimed).
-                shared.with_pods(|c| {
-                    c.remove("uid-0003");
-                    c.upsert(pod(3));
-                });
             }
             total
         })
