@@ -70,7 +70,7 @@ fn fresh_pod3(shared: &Shared, n: &mut u64) {
         c.remove("uid-0003");
         c.upsert(p);
     });
-    if *n % 1000 == 0 {
+    if n.is_multiple_of(1000) {
         // Keep the directories as small as a node's.
         vgpu_device_plugin::metrics::forget_pods(&shared.settings.host_dir, |_| false);
     }
