@@ -5,6 +5,11 @@
 //!
 //! Baselines in the same run: GetDevicePluginOptions over the same socket (the transport alone) and
 //! the matcher alone in process (`PodCache::claim` over the same 500 pods).
+//!
+//! The `stage_*` benchmarks break one Allocate down into the steps `Shared::allocate_container`
+//! takes, each alone and in process: checking the IDs, the matcher, creating the container's
+//! directory, writing the allocation record, building the answer; `allocate_in_process` is the
+//! whole handler without gRPC.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::time::{Duration, Instant};
@@ -50,6 +55,24 @@ fn pod(i: usize) -> PodEntry {
 fn fill(cache: &mut PodCache) {
     for i in 0..PODS {
         cache.upsert(pod(i));
+    }
+}
+
+/// Untimed: replaces the oldest pod on GPU 3 (the one each Allocate matches) with a new pod of a
+/// new uid, so every timed Allocate creates a new container directory and a new record file, as
+/// on a node.
+fn fresh_pod3(shared: &Shared, n: &mut u64) {
+    *n += 1;
+    let mut p = pod(3);
+    p.uid = format!("uid-0003-{n}");
+    shared.with_pods(|c| {
+        c.remove(&format!("uid-0003-{}", *n - 1));
+        c.remove("uid-0003");
+        c.upsert(p);
+    });
+    if n.is_multiple_of(1000) {
+        // Keep the directories as small as a node's.
+        vgpu_device_plugin::metrics::forget_pods(&shared.settings.host_dir, |_| false);
     }
 }
 
@@ -127,6 +150,61 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
+    // Stages of one Allocate, each alone.
+    let ids_ref = ids.clone();
+    group.bench_function("stage_check_ids", |b| {
+        b.iter(|| shared.with_devices(|d| ids_ref.iter().all(|id| d.knows(id))))
+    });
+    let claim = cache.claim(&ids).unwrap();
+    let host = tmp.path().join("host");
+    let mut n = 0u64;
+    group.bench_function("stage_create_container_dir", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                n += 1;
+                let dir =
+                    vgpu_device_plugin::allocate::container_dir(&host, &format!("u{n}"), "main");
+                let t = Instant::now();
+                std::fs::create_dir_all(&dir).unwrap();
+                total += t.elapsed();
+                std::fs::remove_dir(&dir).unwrap();
+            }
+            total
+        })
+    });
+    group.bench_function("stage_write_allocation_record", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                n += 1;
+                let mut c = claim.clone();
+                c.uid = format!("u{n}");
+                let t = Instant::now();
+                vgpu_device_plugin::metrics::record_allocation(&host, &c);
+                total += t.elapsed();
+            }
+            // Untimed: leave the directory as small as a node's.
+            vgpu_device_plugin::metrics::forget_pods(&host, |u| !u.starts_with('u'));
+            total
+        })
+    });
+    group.bench_function("stage_build_answer", |b| {
+        b.iter(|| vgpu_device_plugin::allocate::assigned(&host, &claim.uid, &claim.container))
+    });
+    group.bench_function("allocate_in_process_500_pods_cached", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                fresh_pod3(&shared, &mut n);
+                let t = Instant::now();
+                let r = rt.block_on(shared.allocate_container(&ids)).unwrap();
+                total += t.elapsed();
+                assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4096m");
+            }
+            total
+        })
+    });
     // The whole Allocate RPC: match, create the container dir, write the record, answer.
     let req = api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
@@ -134,18 +212,14 @@ fn bench(c: &mut Criterion) {
         }],
     };
     group.bench_function("allocate_rpc_500_pods_cached", |b| {
-        b.iter_custom(|n| {
+        b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
-            for _ in 0..n {
+            for _ in 0..iters {
+                fresh_pod3(&shared, &mut n);
                 let t = Instant::now();
                 let r = rt.block_on(client.allocate(req.clone())).unwrap();
                 total += t.elapsed();
                 assert_eq!(r.get_ref().container_responses.len(), 1);
-                // The oldest pod assigned GPU 3 (pod 3) matched; make it claimable again (untimed).
-                shared.with_pods(|c| {
-                    c.remove("uid-0003");
-                    c.upsert(pod(3));
-                });
             }
             total
         })

@@ -43,8 +43,15 @@ pub struct DeviceState {
     /// Vendor tag of the backend.
     pub vendor: &'static str,
     healthy: Vec<bool>,
-    last_xid: Vec<Option<Instant>>,
+    /// When each GPU last had a critical XID, a failure event or a failed probe.
+    last_bad: Vec<Option<Instant>>,
+    /// Failed probes in a row per GPU.
+    failures: Vec<u32>,
 }
+
+/// Transient probe failures in a row (timeouts, unknown errors) that turn a healthy GPU Unhealthy;
+/// a probe that says the GPU is gone does so at once.
+pub const TRANSIENT_FAILURES: u32 = 3;
 
 impl DeviceState {
     /// All GPUs healthy; MIG-enabled cards are dropped (their memory belongs to MIG instances).
@@ -55,7 +62,8 @@ impl DeviceState {
             gpus,
             vendor,
             healthy: vec![true; n],
-            last_xid: vec![None; n],
+            last_bad: vec![None; n],
+            failures: vec![0; n],
         }
     }
 
@@ -78,36 +86,77 @@ impl DeviceState {
         let Some(i) = self.gpus.iter().position(|g| g.uuid == uuid) else {
             return false;
         };
-        self.last_xid[i] = Some(now);
+        self.last_bad[i] = Some(now);
         std::mem::replace(&mut self.healthy[i], false)
     }
 
-    /// Marks every device unhealthy (the vendor library stopped answering); returns whether
+    /// Records a device failure that is not an XID (a failure event, or a probe that found the
+    /// device gone); returns whether the advertised health changed.
+    pub fn on_failure(&mut self, uuid: &str, now: Instant) -> bool {
+        let Some(i) = self.gpus.iter().position(|g| g.uuid == uuid) else {
+            return false;
+        };
+        self.failures[i] = self.failures[i].saturating_add(1);
+        self.last_bad[i] = Some(now);
+        std::mem::replace(&mut self.healthy[i], false)
+    }
+
+    /// Records a failed probe: a gone device (`lost`) turns Unhealthy at once, a transient failure
+    /// after [`TRANSIENT_FAILURES`] in a row; an Unhealthy device's quiet time starts again. Returns
+    /// whether the advertised health changed.
+    pub fn on_probe_failed(&mut self, uuid: &str, lost: bool, now: Instant) -> bool {
+        let Some(i) = self.gpus.iter().position(|g| g.uuid == uuid) else {
+            return false;
+        };
+        self.failures[i] = self.failures[i].saturating_add(1);
+        if !self.healthy[i] || lost || self.failures[i] >= TRANSIENT_FAILURES {
+            self.last_bad[i] = Some(now);
+            return std::mem::replace(&mut self.healthy[i], false);
+        }
+        false
+    }
+
+    /// Records a probe the device answered: an Unhealthy device whose last XID or failure is at
+    /// least `quiet` old turns Healthy again. Returns whether the advertised health changed.
+    pub fn on_probe_ok(&mut self, uuid: &str, now: Instant, quiet: Duration) -> bool {
+        let Some(i) = self.gpus.iter().position(|g| g.uuid == uuid) else {
+            return false;
+        };
+        self.failures[i] = 0;
+        if self.healthy[i] || !self.quiet_for(i, now, quiet) {
+            return false;
+        }
+        self.healthy[i] = true;
+        true
+    }
+
+    fn quiet_for(&self, i: usize, now: Instant, quiet: Duration) -> bool {
+        self.last_bad[i].is_none_or(|t| now.saturating_duration_since(t) >= quiet)
+    }
+
+    /// Unhealthy GPUs whose quiet time has passed: a successful probe would turn them Healthy.
+    pub fn recovery_candidates(&self, now: Instant, quiet: Duration) -> Vec<Gpu> {
+        (0..self.gpus.len())
+            .filter(|&i| !self.healthy[i] && self.quiet_for(i, now, quiet))
+            .map(|i| self.gpus[i].clone())
+            .collect()
+    }
+
+    /// Marks every device unhealthy (events may have been missed on any of them); returns whether
     /// anything changed.
     pub fn all_lost(&mut self, now: Instant) -> bool {
         let mut changed = false;
         for i in 0..self.gpus.len() {
-            self.last_xid[i] = Some(now);
+            self.last_bad[i] = Some(now);
             changed |= std::mem::replace(&mut self.healthy[i], false);
         }
         changed
     }
 
-    /// Turns devices healthy again whose last critical XID is older than `after`, when `probe`
-    /// confirms the device answers; returns whether anything changed.
-    pub fn recover(&mut self, now: Instant, after: Duration, probe: impl Fn(&Gpu) -> bool) -> bool {
-        let mut changed = false;
-        for i in 0..self.gpus.len() {
-            if self.healthy[i] {
-                continue;
-            }
-            let quiet = self.last_xid[i].is_none_or(|t| now.duration_since(t) >= after);
-            if quiet && probe(&self.gpus[i]) {
-                self.healthy[i] = true;
-                changed = true;
-            }
-        }
-        changed
+    /// Whether an advertised ID (`<UUID>::<k>` or a bare UUID) names one of our GPUs.
+    pub fn knows(&self, id: &str) -> bool {
+        let uuid = uuid_of(id);
+        self.gpus.iter().any(|g| g.uuid == uuid)
     }
 
     /// The ListAndWatch device list.
@@ -195,11 +244,45 @@ mod tests {
         assert_eq!(s.is_healthy("GPU-0"), Some(false));
         assert_eq!(s.plugin_devices(1)[0].health, UNHEALTHY);
         assert_eq!(s.plugin_devices(1)[1].health, HEALTHY);
-        let after = Duration::from_secs(10);
-        assert!(!s.recover(t0 + Duration::from_secs(5), after, |_| true));
-        assert!(!s.recover(t0 + after, after, |_| false), "probe failed");
-        assert!(s.recover(t0 + after, after, |_| true));
+        let q = Duration::from_secs(10);
+        assert!(s
+            .recovery_candidates(t0 + Duration::from_secs(5), q)
+            .is_empty());
+        assert!(
+            !s.on_probe_ok("GPU-0", t0 + Duration::from_secs(5), q),
+            "not quiet yet"
+        );
+        // A failed probe after the window restarts the quiet time.
+        assert!(!s.on_probe_failed("GPU-0", false, t0 + q));
+        assert!(!s.on_probe_ok("GPU-0", t0 + q, q));
+        let t1 = t0 + q + q;
+        assert_eq!(s.recovery_candidates(t1, q).len(), 1);
+        assert!(s.on_probe_ok("GPU-0", t1, q));
         assert_eq!(s.is_healthy("GPU-0"), Some(true));
+        assert!(s.recovery_candidates(t1, q).is_empty());
+    }
+
+    #[test]
+    fn lost_at_once_transient_after_a_run() {
+        let mut s = DeviceState::new(vec![gpu(0, None), gpu(1, None)], "nvidia");
+        let t = Instant::now();
+        assert!(
+            s.on_probe_failed("GPU-0", true, t),
+            "gone: unhealthy at once"
+        );
+        for n in 1..TRANSIENT_FAILURES {
+            assert!(!s.on_probe_failed("GPU-1", false, t), "transient #{n}");
+        }
+        // An answer in between resets the run.
+        assert!(!s.on_probe_ok("GPU-1", t, Duration::ZERO));
+        for _ in 1..TRANSIENT_FAILURES {
+            assert!(!s.on_probe_failed("GPU-1", false, t));
+        }
+        assert!(s.on_probe_failed("GPU-1", false, t));
+        assert_eq!(s.is_healthy("GPU-1"), Some(false));
+        assert!(!s.on_failure("GPU-9", t), "not ours");
+        assert!(!s.all_lost(t), "both already unhealthy");
+        assert!(s.knows("GPU-1::3") && !s.knows("GPU-9::0"));
     }
 
     #[test]

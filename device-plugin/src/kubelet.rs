@@ -27,6 +27,11 @@ pub const API_VERSION: &str = "v1beta1";
 const RETRY: Duration = Duration::from_secs(5);
 /// How long directory events are gathered into one restart.
 const SETTLE: Duration = Duration::from_millis(100);
+/// How long the old server may take to finish its connections before a restart goes on without
+/// it: a ListAndWatch stream never ends by itself, so a graceful stop waits as long as the peer
+/// keeps the connection (an old kubelet connection still open, a socket deleted under a live
+/// kubelet). The old connections keep being served until their peer closes them.
+const DRAIN: Duration = Duration::from_secs(1);
 
 /// Why serving stopped.
 #[derive(Debug, Error)]
@@ -184,7 +189,10 @@ pub async fn serve(
             }
         };
         let _ = stop_tx.send(());
-        let _ = server.await;
+        let mut server = server;
+        if tokio::time::timeout(DRAIN, &mut server).await.is_err() {
+            tracing::info!("old connections still open; serving the new socket without waiting");
+        }
         if stop {
             let _ = std::fs::remove_file(&ours);
             tracing::info!(socket = %ours.display(), "socket removed");

@@ -73,10 +73,13 @@ struct Cli {
     /// Seconds between node heartbeats.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     heartbeat_seconds: u64,
-    /// Seconds without a critical XID after which an unhealthy device that still answers turns
-    /// healthy again.
+    /// Quiet seconds (no critical XID, failure event or failed probe) after which an unhealthy
+    /// device that answers a probe turns healthy again.
     #[arg(long, default_value_t = 300)]
     xid_recovery_seconds: u64,
+    /// Seconds between health probes of every device (NVML: a handle by UUID and a memory query).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    health_probe_seconds: u64,
 }
 
 #[tokio::main]
@@ -147,7 +150,10 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(vgpu_device_plugin::health::run(
         shared.clone(),
         backend.clone(),
-        Duration::from_secs(cli.xid_recovery_seconds),
+        vgpu_device_plugin::health::HealthSettings {
+            quiet: Duration::from_secs(cli.xid_recovery_seconds),
+            probe_every: Duration::from_secs(cli.health_probe_seconds),
+        },
     ));
     tokio::spawn(vgpu_device_plugin::watch::run(shared.clone(), pods));
     tokio::spawn(vgpu_device_plugin::inventory::run(

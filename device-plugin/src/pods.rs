@@ -108,15 +108,16 @@ pub struct NoMatch {
 #[derive(Debug, Default)]
 pub struct PodCache {
     pods: HashMap<String, PodEntry>,
-    /// (pod uid, container name) already answered.
-    allocated: HashSet<(String, String)>,
+    /// Containers already answered, by pod uid. Keyed by uid so that the matcher's look-ups borrow
+    /// instead of building a (uid, name) pair of owned strings for every cached pod.
+    allocated: HashMap<String, HashSet<String>>,
 }
 
 impl PodCache {
     /// Adds or replaces a pod; containers its annotation marks as answered stay answered.
     pub fn upsert(&mut self, e: PodEntry) {
         for c in &e.allocated {
-            self.allocated.insert((e.uid.clone(), c.clone()));
+            self.mark(&e.uid, c);
         }
         self.pods.insert(e.uid.clone(), e);
     }
@@ -128,7 +129,7 @@ impl PodCache {
         };
         a.containers
             .iter()
-            .filter(|c| self.allocated.contains(&(uid.to_string(), c.name.clone())))
+            .filter(|c| self.is_answered(uid, &c.name))
             .map(|c| c.name.clone())
             .collect()
     }
@@ -136,19 +137,32 @@ impl PodCache {
     /// Forgets a pod and what was answered for it.
     pub fn remove(&mut self, uid: &str) {
         self.pods.remove(uid);
-        self.allocated.retain(|(u, _)| u != uid);
+        self.allocated.remove(uid);
     }
 
     /// Replaces all pods (a relist); answers for pods still present are kept.
     pub fn replace_all(&mut self, entries: Vec<PodEntry>) {
         for e in &entries {
             for c in &e.allocated {
-                self.allocated.insert((e.uid.clone(), c.clone()));
+                self.mark(&e.uid, c);
             }
         }
         self.pods = entries.into_iter().map(|e| (e.uid.clone(), e)).collect();
         let pods = &self.pods;
-        self.allocated.retain(|(u, _)| pods.contains_key(u));
+        self.allocated.retain(|u, _| pods.contains_key(u));
+    }
+
+    fn is_answered(&self, uid: &str, container: &str) -> bool {
+        self.allocated
+            .get(uid)
+            .is_some_and(|names| names.contains(container))
+    }
+
+    fn mark(&mut self, uid: &str, container: &str) {
+        self.allocated
+            .entry(uid.to_string())
+            .or_default()
+            .insert(container.to_string());
     }
 
     /// Number of cached pods.
@@ -175,7 +189,7 @@ impl PodCache {
             let next = a
                 .containers
                 .iter()
-                .find(|c| !self.allocated.contains(&(p.uid.clone(), c.name.clone())));
+                .find(|c| !self.is_answered(&p.uid, &c.name));
             if let Some(c) = next.filter(|c| c.devices.len() == count) {
                 let older = best.is_none_or(|(b, _)| {
                     (p.created, &p.namespace, &p.name) < (b.created, &b.namespace, &b.name)
@@ -212,7 +226,7 @@ impl PodCache {
             let next = a
                 .containers
                 .iter()
-                .find(|c| !self.allocated.contains(&(p.uid.clone(), c.name.clone())));
+                .find(|c| !self.is_answered(&p.uid, &c.name));
             match next {
                 Some(c) if c.devices.len() == ids.len() => candidates.push((p, c)),
                 Some(c) => skipped.push(format!(
@@ -245,8 +259,7 @@ impl PodCache {
             });
         match chosen {
             Some(claim) => {
-                self.allocated
-                    .insert((claim.uid.clone(), claim.container.name.clone()));
+                self.mark(&claim.uid, &claim.container.name);
                 Ok(claim)
             }
             None => {

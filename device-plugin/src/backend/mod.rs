@@ -30,18 +30,39 @@ pub struct Gpu {
 /// A health report from a backend's event source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HealthEvent {
-    /// A critical XID (or the vendor's equivalent) on the device with this UUID.
+    /// An XID on the device with this UUID (critical or not: the health loop filters).
     Xid {
         /// Device UUID.
         uuid: String,
         /// The XID code.
         xid: u64,
     },
-    /// Every device lost (the vendor library stopped answering).
-    AllLost {
+    /// A device-specific failure that is not an XID (a DCU's uncorrectable RAS errors rising, a
+    /// card gone from sysfs): the device turns Unhealthy.
+    Failed {
+        /// Device UUID.
+        uuid: String,
+        /// What was seen.
+        reason: String,
+    },
+    /// The event source itself failed (the wait returned an error other than a timeout): events may
+    /// have been missed on any device. The health loop probes every device.
+    EventsLost {
         /// Why.
         reason: String,
     },
+}
+
+/// A device did not answer a health probe.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct ProbeError {
+    /// The device is gone (NVML_ERROR_GPU_IS_LOST, a reset is required, the card left sysfs): it
+    /// turns Unhealthy at once. Otherwise the failure may be transient (a timeout, an unknown
+    /// error), and only a run of them turns the device Unhealthy.
+    pub lost: bool,
+    /// What failed.
+    pub message: String,
 }
 
 /// Why a backend call failed.
@@ -101,6 +122,22 @@ pub trait DeviceBackend: Send + Sync + 'static {
     /// Reports health events on `tx` until `tx` is closed. Blocking: run it on its own thread. A
     /// backend without an event source returns at once.
     fn watch_health(&self, tx: UnboundedSender<HealthEvent>);
+
+    /// Asks the device whether it answers, the way a workload would find out (NVML: a handle by
+    /// UUID and a memory query). Blocking. The default looks the device up in [`Self::devices`].
+    fn probe(&self, gpu: &Gpu) -> Result<(), ProbeError> {
+        match self.devices() {
+            Ok(list) if list.iter().any(|g| g.uuid == gpu.uuid) => Ok(()),
+            Ok(_) => Err(ProbeError {
+                lost: true,
+                message: format!("{} is no longer listed", gpu.uuid),
+            }),
+            Err(e) => Err(ProbeError {
+                lost: false,
+                message: e.to_string(),
+            }),
+        }
+    }
 }
 
 /// XIDs that are the application's fault, not the device's; the NVIDIA device plugin ignores the

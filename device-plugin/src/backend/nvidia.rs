@@ -1,7 +1,7 @@
 //! NVIDIA GPUs through NVML (nvml-wrapper, loaded at run time from `--nvml-lib` or the system's
 //! `libnvidia-ml.so.1`).
 
-use super::{BackendError, DeviceBackend, Gpu, HealthEvent};
+use super::{BackendError, DeviceBackend, Gpu, HealthEvent, ProbeError};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::event::EventData;
@@ -14,6 +14,20 @@ pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 /// How long one event wait blocks: short enough to notice a closed channel and to report an XID well
 /// within a second.
 const WAIT_MS: u32 = 200;
+
+/// Pause after a failed wait before the event set is made again (a failed wait returns at once:
+/// without a pause the thread would spin).
+const REOPEN_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// NVML errors that say the device itself is gone, not that one call failed: nvml.h documents
+/// `NVML_ERROR_GPU_IS_LOST` ("fallen off the bus or otherwise inaccessible"),
+/// `NVML_ERROR_RESET_REQUIRED` and `NVML_ERROR_NOT_FOUND` (no device with that UUID).
+fn device_gone(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::GpuLost | NvmlError::ResetRequired | NvmlError::NotFound
+    )
+}
 
 /// NVML-backed devices.
 pub struct NvidiaBackend {
@@ -83,27 +97,61 @@ impl DeviceBackend for NvidiaBackend {
     }
 
     fn watch_health(&self, tx: UnboundedSender<HealthEvent>) {
-        let lost = |reason: String| {
-            let _ = tx.send(HealthEvent::AllLost { reason });
+        // Like the NVIDIA device plugin, a failed wait reports every device (events may have been
+        // missed); unlike it, the thread does not stay on a set that failed: it pauses, makes a new
+        // set and registers again, so XIDs are seen again once NVML answers.
+        while !tx.is_closed() {
+            if let Err(reason) = self.watch_once(&tx) {
+                let _ = tx.send(HealthEvent::EventsLost { reason });
+                std::thread::sleep(REOPEN_PAUSE);
+            }
+        }
+    }
+
+    fn probe(&self, gpu: &Gpu) -> Result<(), ProbeError> {
+        let fail = |call: &str, e: NvmlError| ProbeError {
+            lost: device_gone(&e),
+            message: format!("{call} on {}: {e}", gpu.uuid),
         };
-        let mut set = match self.nvml.create_event_set() {
-            Ok(s) => s,
-            Err(e) => return lost(format!("nvmlEventSetCreate: {e}")),
-        };
-        let count = self.nvml.device_count().unwrap_or(0);
+        let d = self
+            .nvml
+            .device_by_uuid(gpu.uuid.as_str())
+            .map_err(|e| fail("nvmlDeviceGetHandleByUUID", e))?;
+        d.memory_info()
+            .map_err(|e| fail("nvmlDeviceGetMemoryInfo", e))?;
+        Ok(())
+    }
+}
+
+impl NvidiaBackend {
+    /// One event set's life: create, register every device for critical XIDs, wait until `tx`
+    /// closes (`Ok`) or NVML fails (`Err` with the reason).
+    fn watch_once(&self, tx: &UnboundedSender<HealthEvent>) -> Result<(), String> {
+        let mut set = self
+            .nvml
+            .create_event_set()
+            .map_err(|e| format!("nvmlEventSetCreate: {e}"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| format!("nvmlDeviceGetCount: {e}"))?;
         for index in 0..count {
-            let Ok(d) = self.nvml.device_by_index(index) else {
-                continue;
+            let d = match self.nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    // Its probe tells the health loop whether it is gone.
+                    tracing::warn!(index, error = %e, "no handle for XID events");
+                    continue;
+                }
             };
             set = match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
                 Ok(s) => s,
                 // Some boards do not support XID events; the set is released on error.
                 Err(e) => {
                     tracing::warn!(index, error = %e.error, "XID events not supported; health not watched");
-                    match self.nvml.create_event_set() {
-                        Ok(s) => s,
-                        Err(e) => return lost(format!("nvmlEventSetCreate: {e}")),
-                    }
+                    self.nvml
+                        .create_event_set()
+                        .map_err(|e| format!("nvmlEventSetCreate: {e}"))?
                 }
             };
         }
@@ -120,12 +168,14 @@ impl DeviceBackend for NvidiaBackend {
                         Ok(uuid) => {
                             let _ = tx.send(HealthEvent::Xid { uuid, xid });
                         }
-                        Err(e) => tracing::warn!(xid, error = %e, "XID on a device without a UUID"),
+                        // The NVIDIA plugin marks every device then; so do we.
+                        Err(e) => return Err(format!("XID {xid} on a device without a UUID: {e}")),
                     }
                 }
                 Err(NvmlError::Timeout) => {}
-                Err(e) => return lost(format!("nvmlEventSetWait: {e}")),
+                Err(e) => return Err(format!("nvmlEventSetWait: {e}")),
             }
         }
+        Ok(())
     }
 }

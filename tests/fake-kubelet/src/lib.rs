@@ -100,6 +100,14 @@ impl FakeKubelet {
         self.serve()
     }
 
+    /// Dies like a SIGKILLed kubelet: stops serving, and leaves `kubelet.sock` on disk (a killed
+    /// process does not unlink its socket file). [`Self::restart`] then starts a new one.
+    pub fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Stops serving and removes kubelet.sock.
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {

@@ -10,7 +10,10 @@
 //!  "gpus": [{"uuid": "GPU-…", "name": "NVIDIA A100-SXM4-80GB", "memoryMib": 81920, "usedMib": 0,
 //!            "busId": "00000000:3B:00.0", "numa": 0, "mig": false, "utilization": [10, 20, 30]}],
 //!  "xidEvents": [{"afterMs": 200, "gpu": 0, "xid": 79}],
-//!  "eventsFile": "events.txt"}
+//!  "eventsFile": "events.txt",
+//!  "faults": [{"function": "nvmlDeviceGetMemoryInfo_v2", "error": "GPU_IS_LOST", "count": 3, "gpu": 0}],
+//!  "faultsFile": "faults.txt",
+//!  "logFile": "nvml.log"}
 //! ```
 //!
 //! - `utilization` is a series: each `nvmlDeviceGetUtilizationRates` returns the next value, cycling.
@@ -19,6 +22,16 @@
 //! - `xidEvents` fire once each, `afterMs` after `nvmlInit_v2`.
 //! - `eventsFile` is append-only: each line `<gpu index> <xid>` that a test appends is delivered once
 //!   to every event set that registered that GPU, so a test can inject an XID at any moment.
+//! - Error injection: each entry of `faults` makes the next `count` calls of `function` (an exported
+//!   NVML name, or `*` for every function but init/shutdown) return `error` (an NVML return code name
+//!   such as `GPU_IS_LOST`, `UNKNOWN`, `TIMEOUT`, with or without the `NVML_ERROR_` prefix, or its
+//!   number) instead of doing their work. With `gpu`, only calls about that device count (a device
+//!   handle, an index or a UUID that resolves to it); without, every matching call. `faultsFile` is
+//!   append-only like `eventsFile`: each complete line `<function> <error> <count> [gpu]` adds one
+//!   such entry when a call next looks at the file, so a test can start a fault at any moment.
+//! - `logFile`, when set, gets one line per delivered XID (`xid <unix µs> <gpu> <xid>`) and per
+//!   injected error (`fault <unix µs> <function> <code> <gpu or ->`), so a test can time the plugin
+//!   from the moment NVML handed it the event, and knows when its faults were used up.
 //!
 //! Each function's comment names the documented NVML behaviour it copies.
 //!
@@ -41,9 +54,62 @@ const NVML_SUCCESS: NvmlReturn = 0;
 const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// NVML's documented return codes (`nvmlReturn_t` in nvml.h), by name, for error injection.
+const RETURN_CODES: [(&str, NvmlReturn); 30] = [
+    ("SUCCESS", 0),
+    ("UNINITIALIZED", 1),
+    ("INVALID_ARGUMENT", 2),
+    ("NOT_SUPPORTED", 3),
+    ("NO_PERMISSION", 4),
+    ("ALREADY_INITIALIZED", 5),
+    ("NOT_FOUND", 6),
+    ("INSUFFICIENT_SIZE", 7),
+    ("INSUFFICIENT_POWER", 8),
+    ("DRIVER_NOT_LOADED", 9),
+    ("TIMEOUT", 10),
+    ("IRQ_ISSUE", 11),
+    ("LIBRARY_NOT_FOUND", 12),
+    ("FUNCTION_NOT_FOUND", 13),
+    ("CORRUPTED_INFOROM", 14),
+    ("GPU_IS_LOST", 15),
+    ("RESET_REQUIRED", 16),
+    ("OPERATING_SYSTEM", 17),
+    ("LIB_RM_VERSION_MISMATCH", 18),
+    ("IN_USE", 19),
+    ("MEMORY", 20),
+    ("NO_DATA", 21),
+    ("VGPU_ECC_NOT_SUPPORTED", 22),
+    ("INSUFFICIENT_RESOURCES", 23),
+    ("FREQ_NOT_SUPPORTED", 24),
+    ("ARGUMENT_VERSION_MISMATCH", 25),
+    ("DEPRECATED", 26),
+    ("NOT_READY", 27),
+    ("GPU_NOT_FOUND", 28),
+    ("INVALID_STATE", 29),
+];
+
+/// A return code from its nvml.h name (`GPU_IS_LOST`, `NVML_ERROR_GPU_IS_LOST`), `UNKNOWN` (999),
+/// or its number.
+fn return_code(name: &str) -> Option<NvmlReturn> {
+    let n = name.trim();
+    let n = n
+        .strip_prefix("NVML_ERROR_")
+        .or_else(|| n.strip_prefix("NVML_"))
+        .unwrap_or(n);
+    if n == "UNKNOWN" {
+        return Some(NVML_ERROR_UNKNOWN);
+    }
+    RETURN_CODES
+        .iter()
+        .find(|(k, _)| *k == n)
+        .map(|(_, v)| *v)
+        .or_else(|| n.parse().ok())
+}
 
 /// `nvmlEventTypeXidCriticalError`.
 const EVENT_XID_CRITICAL: c_ulonglong = 0x8;
@@ -81,6 +147,53 @@ struct XidConfig {
 
 #[derive(Deserialize, Clone)]
 #[serde(rename_all = "camelCase")]
+struct FaultConfig {
+    function: String,
+    error: String,
+    count: u32,
+    #[serde(default)]
+    gpu: Option<usize>,
+}
+
+/// An injected error still to be returned `left` more times.
+struct Fault {
+    function: String,
+    code: NvmlReturn,
+    left: u32,
+    gpu: Option<usize>,
+}
+
+impl Fault {
+    fn from_config(f: &FaultConfig) -> Option<Fault> {
+        Some(Fault {
+            function: f.function.clone(),
+            code: return_code(&f.error)?,
+            left: f.count,
+            gpu: f.gpu,
+        })
+    }
+
+    /// `<function> <error> <count> [gpu]`.
+    fn from_line(line: &str) -> Option<Fault> {
+        let mut p = line.split_whitespace();
+        let function = p.next()?.to_string();
+        let code = return_code(p.next()?)?;
+        let left = p.next()?.parse().ok()?;
+        let gpu = match p.next() {
+            Some(g) => Some(g.parse().ok()?),
+            None => None,
+        };
+        Some(Fault {
+            function,
+            code,
+            left,
+            gpu,
+        })
+    }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
 struct Config {
     #[serde(default = "default_driver")]
     driver_version: String,
@@ -89,6 +202,12 @@ struct Config {
     xid_events: Vec<XidConfig>,
     #[serde(default)]
     events_file: Option<String>,
+    #[serde(default)]
+    faults: Vec<FaultConfig>,
+    #[serde(default)]
+    faults_file: Option<String>,
+    #[serde(default)]
+    log_file: Option<String>,
 }
 
 fn default_driver() -> String {
@@ -111,6 +230,62 @@ struct State {
     /// Event sets by handle - 1; `None` once freed.
     sets: Vec<Option<EventSet>>,
     init_count: u32,
+    faults: Vec<Fault>,
+    /// Lines of the faults file already turned into faults.
+    fault_lines_seen: usize,
+}
+
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// Appends a line to the log file, when one is configured.
+fn log_line(state: &State, line: &str) {
+    use std::io::Write;
+    let Some(path) = &state.config.log_file else {
+        return;
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// The injected error for this call of `function` about device `gpu`, if one is due; uses it up.
+/// Picks up new lines of the faults file first.
+fn fault(state: &mut State, function: &str, gpu: Option<usize>) -> Option<NvmlReturn> {
+    if let Some(path) = state.config.faults_file.clone() {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            // Only complete lines: a test may be in the middle of appending one.
+            let complete = text.rsplit_once('\n').map(|(head, _)| head).unwrap_or("");
+            let new: Vec<Fault> = complete
+                .lines()
+                .skip(state.fault_lines_seen)
+                .filter_map(Fault::from_line)
+                .collect();
+            state.fault_lines_seen = complete.lines().count();
+            state.faults.extend(new);
+        }
+    }
+    let f = state.faults.iter_mut().find(|f| {
+        f.left > 0
+            && (f.function == function || f.function == "*")
+            && (f.gpu.is_none() || f.gpu == gpu)
+    })?;
+    f.left -= 1;
+    let code = f.code;
+    let gpu = gpu.map_or_else(|| "-".to_string(), |g| g.to_string());
+    log_line(
+        state,
+        &format!("fault {} {function} {code} {gpu}", unix_micros()),
+    );
+    Some(code)
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -142,13 +317,21 @@ fn index_of(state: &State, device: NvmlDevice) -> Option<usize> {
 
 /// Runs `f` on the initialised state and the GPU behind `device`; NVML returns
 /// `NVML_ERROR_UNINITIALIZED` before `nvmlInit` and `NVML_ERROR_INVALID_ARGUMENT` for a bad handle.
-fn with_gpu(device: NvmlDevice, f: impl FnOnce(&mut State, usize) -> NvmlReturn) -> NvmlReturn {
+/// An injected error for `function` on that GPU is returned instead of running `f`.
+fn with_gpu(
+    function: &str,
+    device: NvmlDevice,
+    f: impl FnOnce(&mut State, usize) -> NvmlReturn,
+) -> NvmlReturn {
     let mut guard = lock();
     let Some(state) = guard.as_mut() else {
         return NVML_ERROR_UNINITIALIZED;
     };
     match index_of(state, device) {
-        Some(i) => f(state, i),
+        Some(i) => match fault(state, function, Some(i)) {
+            Some(code) => code,
+            None => f(state, i),
+        },
         None => NVML_ERROR_INVALID_ARGUMENT,
     }
 }
@@ -183,12 +366,19 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
         return NVML_ERROR_UNKNOWN;
     };
     let n = config.gpus.len();
+    let faults = config
+        .faults
+        .iter()
+        .filter_map(Fault::from_config)
+        .collect();
     *guard = Some(State {
         config,
         started: Instant::now(),
         utilization_calls: vec![0; n],
         sets: Vec::new(),
         init_count: 1,
+        faults,
+        fault_lines_seen: 0,
     });
     NVML_SUCCESS
 }
@@ -212,10 +402,13 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
 /// `nvmlSystemGetDriverVersion`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) -> NvmlReturn {
-    let guard = lock();
-    match guard.as_ref() {
-        // SAFETY: forwarded caller buffer.
-        Some(s) => unsafe { write_str(buf, len, &s.config.driver_version) },
+    let mut guard = lock();
+    match guard.as_mut() {
+        Some(s) => match fault(s, "nvmlSystemGetDriverVersion", None) {
+            Some(code) => code,
+            // SAFETY: forwarded caller buffer.
+            None => unsafe { write_str(buf, len, &s.config.driver_version) },
+        },
         None => NVML_ERROR_UNINITIALIZED,
     }
 }
@@ -223,10 +416,13 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uin
 /// `nvmlDeviceGetCount_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
-    let guard = lock();
-    let Some(state) = guard.as_ref() else {
+    let mut guard = lock();
+    let Some(state) = guard.as_mut() else {
         return NVML_ERROR_UNINITIALIZED;
     };
+    if let Some(code) = fault(state, "nvmlDeviceGetCount_v2", None) {
+        return code;
+    }
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -241,15 +437,46 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    let guard = lock();
-    let Some(state) = guard.as_ref() else {
+    let mut guard = lock();
+    let Some(state) = guard.as_mut() else {
         return NVML_ERROR_UNINITIALIZED;
     };
     if device.is_null() || index as usize >= state.config.gpus.len() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    // A lost GPU fails its handle lookup too (NVML_ERROR_GPU_IS_LOST).
+    if let Some(code) = fault(state, "nvmlDeviceGetHandleByIndex_v2", Some(index as usize)) {
+        return code;
+    }
     // SAFETY: non-null out pointer from the caller.
     unsafe { *device = handle_of(index as usize) };
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetHandleByUUID`: `NVML_ERROR_NOT_FOUND` for a UUID no device has,
+/// `NVML_ERROR_INVALID_ARGUMENT` for a null pointer.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    let mut guard = lock();
+    let Some(state) = guard.as_mut() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if uuid.is_null() || device.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, NUL-terminated string from the caller (nvml.h's contract).
+    let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+    let Some(i) = state.config.gpus.iter().position(|g| g.uuid == wanted) else {
+        return NVML_ERROR_NOT_FOUND;
+    };
+    if let Some(code) = fault(state, "nvmlDeviceGetHandleByUUID", Some(i)) {
+        return code;
+    }
+    // SAFETY: non-null out pointer from the caller.
+    unsafe { *device = handle_of(i) };
     NVML_SUCCESS
 }
 
@@ -259,7 +486,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_ui
     if index.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |_, i| {
+    with_gpu("nvmlDeviceGetIndex", device, |_, i| {
         // SAFETY: non-null out pointer from the caller.
         unsafe { *index = i as c_uint };
         NVML_SUCCESS
@@ -274,7 +501,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     len: c_uint,
 ) -> NvmlReturn {
     // SAFETY: forwarded caller buffer.
-    with_gpu(device, |s, i| unsafe {
+    with_gpu("nvmlDeviceGetUUID", device, |s, i| unsafe {
         write_str(buf, len, &s.config.gpus[i].uuid)
     })
 }
@@ -287,7 +514,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     len: c_uint,
 ) -> NvmlReturn {
     // SAFETY: forwarded caller buffer.
-    with_gpu(device, |s, i| unsafe {
+    with_gpu("nvmlDeviceGetName", device, |s, i| unsafe {
         write_str(buf, len, &s.config.gpus[i].name)
     })
 }
@@ -310,7 +537,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     if info.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |s, i| {
+    with_gpu("nvmlDeviceGetMemoryInfo_v2", device, |s, i| {
         let g = &s.config.gpus[i];
         let total = g.memory_mib << 20;
         let used = (g.used_mib << 20).min(total);
@@ -345,7 +572,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     if pci.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |s, i| {
+    with_gpu("nvmlDeviceGetPciInfo_v3", device, |s, i| {
         let bus_id = s.config.gpus[i]
             .bus_id
             .clone()
@@ -373,13 +600,15 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
     if node.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |s, i| match s.config.gpus[i].numa {
-        Some(n) => {
-            // SAFETY: non-null out pointer from the caller.
-            unsafe { *node = n };
-            NVML_SUCCESS
+    with_gpu("nvmlDeviceGetNumaNodeId", device, |s, i| {
+        match s.config.gpus[i].numa {
+            Some(n) => {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { *node = n };
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_NOT_SUPPORTED,
         }
-        None => NVML_ERROR_NOT_SUPPORTED,
     })
 }
 
@@ -393,7 +622,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     if current.is_null() || pending.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |s, i| {
+    with_gpu("nvmlDeviceGetMigMode", device, |s, i| {
         let m = c_uint::from(s.config.gpus[i].mig);
         // SAFETY: non-null out pointers from the caller.
         unsafe {
@@ -420,7 +649,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     if util.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu(device, |s, i| {
+    with_gpu("nvmlDeviceGetUtilizationRates", device, |s, i| {
         let series = &s.config.gpus[i].utilization;
         let v = if series.is_empty() {
             0
@@ -449,10 +678,32 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut NvmlEventSet) -> NvmlRetur
     if set.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    if let Some(code) = fault(state, "nvmlEventSetCreate", None) {
+        return code;
+    }
+    // A set only gets events that happen after it is made (nvmlEventSetCreate's set starts
+    // empty): lines already in the events file are not replayed, nor scheduled events already due
+    // (except for the first set, so that `afterMs: 0` means "at start").
+    let elapsed = state.started.elapsed();
+    let first = state.sets.is_empty();
+    let scheduled = state
+        .config
+        .xid_events
+        .iter()
+        .filter(|e| first || Duration::from_millis(e.after_ms) > elapsed)
+        .cloned()
+        .collect();
+    let file_lines_seen = state
+        .config
+        .events_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.matches('\n').count())
+        .unwrap_or(0);
     state.sets.push(Some(EventSet {
         gpus: Vec::new(),
-        scheduled: state.config.xid_events.clone(),
-        file_lines_seen: 0,
+        scheduled,
+        file_lines_seen,
     }));
     // SAFETY: non-null out pointer from the caller.
     unsafe { *set = state.sets.len() as NvmlEventSet };
@@ -472,7 +723,7 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: NvmlEventSet,
 ) -> NvmlReturn {
-    with_gpu(device, |s, i| {
+    with_gpu("nvmlDeviceRegisterEvents", device, |s, i| {
         if types & EVENT_XID_CRITICAL == 0 {
             return NVML_ERROR_NOT_SUPPORTED;
         }
@@ -546,7 +797,13 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
             if set_mut(state, set).is_none() {
                 return NVML_ERROR_INVALID_ARGUMENT;
             }
+            // The documented failures of a wait (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, ...)
+            // come back at once, without waiting.
+            if let Some(code) = fault(state, "nvmlEventSetWait_v2", None) {
+                return code;
+            }
             if let Some((gpu, xid)) = next_event(state, set) {
+                log_line(state, &format!("xid {} {gpu} {xid}", unix_micros()));
                 // SAFETY: non-null pointer to the caller's struct.
                 unsafe {
                     (*data).device = handle_of(gpu as usize);
