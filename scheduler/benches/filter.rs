@@ -101,6 +101,24 @@ fn decide(s: &AppState, a: &ExtenderArgs, now: u64) -> usize {
     p.len()
 }
 
+/// One decision as kube-scheduler sees it: the filter body decoded, answered and encoded, then the
+/// prioritize body (the passing names) likewise; what the two HTTP handlers do besides axum.
+fn decide_json(s: &AppState, filter_body: &[u8], now: u64) -> usize {
+    let a: ExtenderArgs = serde_json::from_slice(filter_body).unwrap();
+    let f = s.filter(&a, now);
+    let out = serde_json::to_vec(&f).unwrap();
+    let passing = f.nodenames.unwrap_or_default();
+    let p_body = serde_json::to_vec(&ExtenderArgs {
+        pod: a.pod,
+        nodes: None,
+        nodenames: Some(passing),
+    })
+    .unwrap();
+    let pa: ExtenderArgs = serde_json::from_slice(&p_body).unwrap();
+    let p = s.prioritize(&pa, now);
+    out.len() + serde_json::to_vec(&p).unwrap().len()
+}
+
 fn bench(c: &mut Criterion) {
     let (s, names) = cluster();
     let now = unix_now();
@@ -135,14 +153,31 @@ fn bench(c: &mut Criterion) {
     g.bench_function("decode ExtenderArgs JSON (5000 names)", |b| {
         b.iter(|| black_box(serde_json::from_slice::<ExtenderArgs>(black_box(&body)).unwrap()))
     });
+    g.bench_function("with JSON: filter+prioritize 1 GPU 8 GiB 30%", |b| {
+        b.iter(|| black_box(decide_json(&s, black_box(&body), now)))
+    });
     g.finish();
 
     // The tail: single decisions, one after another on this thread.
-    for (label, a) in [("1 GPU 8 GiB 30%", &vgpu), ("2 GPUs 25% a100", &typed)] {
+    let typed_body = serde_json::to_vec(&typed).unwrap();
+    type Decide<'a> = Box<dyn Fn() -> usize + 'a>;
+    let cases: [(&str, Decide<'_>); 4] = [
+        ("1 GPU 8 GiB 30%", Box::new(|| decide(&s, &vgpu, now))),
+        ("2 GPUs 25% a100", Box::new(|| decide(&s, &typed, now))),
+        (
+            "with JSON, 1 GPU 8 GiB 30%",
+            Box::new(|| decide_json(&s, &body, now)),
+        ),
+        (
+            "with JSON, 2 GPUs 25% a100",
+            Box::new(|| decide_json(&s, &typed_body, now)),
+        ),
+    ];
+    for (label, run) in cases {
         let mut t: Vec<Duration> = (0..2000)
             .map(|_| {
                 let start = Instant::now();
-                black_box(decide(&s, a, now));
+                black_box(run());
                 start.elapsed()
             })
             .collect();

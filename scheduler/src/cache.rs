@@ -15,9 +15,13 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
+use std::cell::OnceCell;
+
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
-use vgpu_core::placement::{self, Gpu, NodeGpus, PodRequest};
+use vgpu_core::placement::{self, Gpu, GpuFilter, GpuHot, GpuSet, NodeGpus, PodRequest};
+
+use crate::dense::{self, Dense};
 
 /// The Fx hash (rustc's): a multiply-rotate over 8-byte words, several times faster than SipHash
 /// on short keys like node names. Not DoS-resistant, which is fine for keys that come from the
@@ -137,6 +141,26 @@ pub struct GpuReport {
     pub healthy: bool,
 }
 
+/// GPU models seen, lower-cased, numbered in order of appearance (never forgotten: a cluster has
+/// few), so a filter tests the pod's type lists once per model instead of once per node.
+#[derive(Debug, Default)]
+struct Models {
+    ids: HashMap<String, u32>,
+    lower: Vec<String>,
+}
+
+impl Models {
+    fn id(&mut self, lower: &str) -> u32 {
+        if let Some(&id) = self.ids.get(lower) {
+            return id;
+        }
+        let id = self.lower.len() as u32;
+        self.lower.push(lower.to_string());
+        self.ids.insert(lower.to_string(), id);
+        id
+    }
+}
+
 /// The cluster as the extender sees it.
 #[derive(Debug)]
 pub struct Cluster {
@@ -145,6 +169,87 @@ pub struct Cluster {
     assumed: HashMap<String, Instant>,
     heartbeat_timeout: Duration,
     assume_ttl: Duration,
+    /// The hot copy of every node's state and GPUs that filters read.
+    dense: Dense,
+    models: Models,
+}
+
+/// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
+/// ([`Cluster::scorer`]). Reads the dense copy; the node entries only for messages.
+pub struct Scorer<'a> {
+    cluster: &'a Cluster,
+    pod: &'a PodRequest,
+    now: u64,
+    /// The pod's type lists' verdict per model id, when it has type lists.
+    verdicts: Vec<bool>,
+}
+
+impl Scorer<'_> {
+    /// Whether the pod fits on node `name`, and its score, or the message for kube-scheduler;
+    /// the same decision as [`Cluster::check`] without building the placement.
+    pub fn score(&self, name: &str) -> Result<u32, String> {
+        let c = self.cluster;
+        let Some(view) = c.dense.get(name) else {
+            return Err(format!(
+                "{name}: not known to the vGPU extender (no Node object seen)"
+            ));
+        };
+        match view.state {
+            dense::State::Heartbeat(t)
+                if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() => {}
+            // Not usable: the entry says why.
+            _ => return c.score_cold(name, self.pod, self.now),
+        }
+        let set = DenseSet {
+            hot: view.gpus,
+            verdicts: &self.verdicts,
+            nodes: &c.nodes,
+            name,
+            cold: OnceCell::new(),
+        };
+        placement::score_set(&set, self.pod).map_err(|u| format!("{name}: {u}"))
+    }
+}
+
+/// A node's GPUs as the dense copy holds them; names come from the node entry, found only when a
+/// list, message or assignment needs them.
+struct DenseSet<'a> {
+    hot: &'a [GpuHot],
+    verdicts: &'a [bool],
+    nodes: &'a NodeMap<NodeEntry>,
+    name: &'a str,
+    cold: OnceCell<Option<&'a NodeGpus>>,
+}
+
+impl DenseSet<'_> {
+    fn cold(&self, i: usize) -> Option<&Gpu> {
+        self.cold
+            .get_or_init(|| self.nodes.get(self.name).map(|e| &e.gpus))
+            .and_then(|g| g.gpus().get(i))
+    }
+}
+
+impl GpuSet for DenseSet<'_> {
+    fn len(&self) -> usize {
+        self.hot.len()
+    }
+    fn hot(&self, i: usize) -> GpuHot {
+        self.hot[i]
+    }
+    fn uuid(&self, i: usize) -> &str {
+        self.cold(i).map_or("", |g| g.uuid.as_str())
+    }
+    fn model(&self, i: usize) -> &str {
+        self.cold(i).map_or("", |g| g.model.as_str())
+    }
+    fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool {
+        match self.verdicts.get(self.hot[i].model_key() as usize) {
+            Some(&ok) => ok,
+            None => self
+                .cold(i)
+                .is_some_and(|g| filter.type_ok_lower(g.model_lower())),
+        }
+    }
 }
 
 impl Cluster {
@@ -157,10 +262,41 @@ impl Cluster {
             assumed: HashMap::new(),
             heartbeat_timeout,
             assume_ttl,
+            dense: Dense::default(),
+            models: Models::default(),
         }
     }
 
+    /// Copies a node's state and GPUs into the dense copy (or drops it there, when gone).
+    fn sync(&mut self, name: &str) {
+        let Cluster {
+            nodes,
+            dense,
+            models,
+            ..
+        } = self;
+        let Some(e) = nodes.get(name) else {
+            dense.remove(name);
+            return;
+        };
+        let state = match (&e.inventory, &e.heartbeat) {
+            (Inventory::Devices(_), Heartbeat::At(t)) => dense::State::Heartbeat(*t),
+            _ => dense::State::Unusable,
+        };
+        let gpus = e
+            .gpus
+            .gpus()
+            .iter()
+            .map(|g| g.hot().with_model_key(models.id(g.model_lower())));
+        dense.set(name, state, gpus);
+    }
+
     fn rebuild(&mut self, name: &str) {
+        self.rebuild_entry(name);
+        self.sync(name);
+    }
+
+    fn rebuild_entry(&mut self, name: &str) {
         let Some(entry) = self.nodes.get_mut(name) else {
             return;
         };
@@ -196,8 +332,9 @@ impl Cluster {
         entry.inventory = inv;
         entry.heartbeat = hb;
         if changed {
-            self.rebuild(name);
+            self.rebuild_entry(name);
         }
+        self.sync(name);
     }
 
     /// Forgets a node (its pods stay counted, should it come back).
@@ -211,6 +348,7 @@ impl Cluster {
                 e.gpus = NodeGpus::default();
             }
         }
+        self.sync(name);
     }
 
     fn unplace(&mut self, uid: &str) -> Option<Placed> {
@@ -361,8 +499,32 @@ impl Cluster {
     }
 
     /// Whether `pod` fits on node `name` now, and its score, or the message; the same decision as
-    /// [`Cluster::check`] without building the placement.
+    /// [`Cluster::check`] without building the placement. For many nodes, [`Cluster::scorer`].
     pub fn score(&self, name: &str, pod: &PodRequest, now: u64) -> Result<u32, String> {
+        self.scorer(pod, now).score(name)
+    }
+
+    /// Scores `pod` against nodes by name, from the dense copy; `now` is Unix seconds.
+    pub fn scorer<'a>(&'a self, pod: &'a PodRequest, now: u64) -> Scorer<'a> {
+        let verdicts = if pod.filter.typed() {
+            self.models
+                .lower
+                .iter()
+                .map(|m| pod.filter.type_ok_lower(m))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Scorer {
+            cluster: self,
+            pod,
+            now,
+            verdicts,
+        }
+    }
+
+    /// [`Cluster::score`] from the node entries (the reference the dense copy must agree with).
+    fn score_cold(&self, name: &str, pod: &PodRequest, now: u64) -> Result<u32, String> {
         let Some(e) = self.nodes.get(name) else {
             return Err(format!(
                 "{name}: not known to the vGPU extender (no Node object seen)"
@@ -671,5 +833,145 @@ mod tests {
         c.retain_nodes(&HashSet::new());
         assert!(c.check("n1", &mib(1), NOW).is_err());
         assert_eq!(c.gpus().len(), 0);
+    }
+
+    /// The dense copy decides exactly as the node entries do, message for message, through
+    /// inventory changes, pods coming and going, stale heartbeats and deleted nodes.
+    #[test]
+    fn dense_copy_agrees_with_the_entries() {
+        use vgpu_core::placement::{GpuFilter, NameList};
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let models = [
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA A10",
+            "Tesla T4",
+            "nvidia a10",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for n in 0..60usize {
+            let name = format!("n{n}");
+            let count = 1 + (n % 5) as u32;
+            let devices: Vec<DeviceInfo> = (0..count)
+                .map(|i| DeviceInfo {
+                    uuid: format!("GPU-{n}-{i}"),
+                    index: i,
+                    model: models[(n + i as usize) % models.len()].into(),
+                    memory_mib: [16384, 24576, 81920][(n + i as usize) % 3],
+                    cores: 100,
+                    split: 1 + (n as u32 % 4),
+                    numa: None,
+                    healthy: !(n + i as usize).is_multiple_of(7),
+                    vendor: String::new(),
+                })
+                .collect();
+            let hb = match n % 10 {
+                0 => None,
+                1 => Some(format_rfc3339(NOW - 500)),
+                _ => Some(format_rfc3339(NOW - 5)),
+            };
+            let inv = (n % 13 != 0).then(|| NodeInventory::new(devices.clone()).encode());
+            c.apply_node(&name, inv.as_deref(), hb.as_deref());
+            for (i, d) in devices.iter().enumerate() {
+                if next() % 3 == 0 {
+                    continue;
+                }
+                c.apply_pod(
+                    &format!("p{n}-{i}"),
+                    Some(&name),
+                    Some(PodAssignment::new(
+                        &name,
+                        vec![ContainerAssignment {
+                            name: "c".into(),
+                            devices: vec![DeviceSlice {
+                                uuid: d.uuid.clone(),
+                                memory_mib: next() % d.memory_mib,
+                                cores: [0, 10, 50, 100][next() as usize % 4],
+                            }],
+                        }],
+                    )),
+                    false,
+                );
+            }
+        }
+        // Changes after the first fill: a bigger inventory, deletions, a pod leaving.
+        c.apply_node(
+            "n2",
+            Some(&inventory(&[
+                ("GPU-x1", 8192),
+                ("GPU-x2", 8192),
+                ("GPU-x3", 4096),
+            ])),
+            Some(&format_rfc3339(NOW)),
+        );
+        c.delete_node("n3");
+        c.delete_node("n4");
+        c.delete_pod("p5-0");
+        let container = |gpus, memory, cores| ContainerRequest {
+            name: "c".into(),
+            request: VgpuRequest {
+                gpus,
+                memory,
+                cores,
+            },
+        };
+        let mut pods = Vec::new();
+        for (gpus, memory, cores) in [
+            (1, Memory::Mib(1024), 0),
+            (1, Memory::Mib(20000), 30),
+            (2, Memory::Percent(25), 10),
+            (3, Memory::Mib(4096), 0),
+            (1, Memory::Percent(100), 100),
+            (1, Memory::Mib(1), 60),
+        ] {
+            pods.push(PodRequest::simple(vec![container(gpus, memory, cores)]));
+        }
+        let mut two = PodRequest::simple(vec![
+            container(1, Memory::Mib(8192), 20),
+            container(2, Memory::Mib(4096), 0),
+        ]);
+        two.gpu_policy = placement::Policy::Binpack;
+        two.node_policy = placement::Policy::Spread;
+        pods.push(two);
+        for (use_t, nouse_t, use_u, nouse_u) in [
+            ("a100", "", "", ""),
+            ("", "a10", "", ""),
+            ("T4,a10", "a100", "", ""),
+            ("", "", "gpu-7-0,GPU-9-1", ""),
+            ("", "", "", "GPU-8-0"),
+        ] {
+            let mut p = PodRequest::simple(vec![container(1, Memory::Mib(2048), 10)]);
+            p.filter = GpuFilter {
+                use_types: NameList::parse(use_t),
+                nouse_types: NameList::parse(nouse_t),
+                use_uuids: NameList::parse(use_u),
+                nouse_uuids: NameList::parse(nouse_u),
+            };
+            pods.push(p);
+        }
+        let mut names: Vec<String> = (0..62).map(|n| format!("n{n}")).collect();
+        names.push("unknown".into());
+        let (mut passed, mut failed) = (0, 0);
+        for pod in &pods {
+            let scorer = c.scorer(pod, NOW);
+            for n in &names {
+                let dense = scorer.score(n);
+                assert_eq!(dense, c.score_cold(n, pod, NOW), "{n} {pod:?}");
+                if dense.is_ok() {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+        }
+        assert!(
+            passed > 50 && failed > 50,
+            "{passed} passed, {failed} failed"
+        );
     }
 }

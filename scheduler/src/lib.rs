@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod cli;
+mod dense;
 pub mod extender;
 pub mod metrics;
 pub mod pod;

@@ -192,8 +192,9 @@ impl AppState {
         let mut scores: Vec<u32> = Vec::with_capacity(names.len());
         {
             let cluster = read(&self.cluster);
+            let scorer = cluster.scorer(&req, now);
             for n in &names {
-                match cluster.score(n, &req, now) {
+                match scorer.score(n) {
                     Ok(score) => {
                         passed.push(n);
                         scores.push(score);
@@ -261,6 +262,7 @@ impl AppState {
                 .then_some(scores)
         });
         let cluster = read(&self.cluster);
+        let scorer = cluster.scorer(&req, now);
         names
             .iter()
             .enumerate()
@@ -268,7 +270,7 @@ impl AppState {
                 let score = cached
                     .as_ref()
                     .map(|c| c[i])
-                    .or_else(|| cluster.score(n, &req, now).ok())
+                    .or_else(|| scorer.score(n).ok())
                     .unwrap_or(0);
                 HostPriority {
                     host: n.to_string(),

@@ -380,9 +380,21 @@ async fn allocate_single_and_multi_gpu_from_the_assignment() {
                 true
             ),
             ("/tmp/vgpu", dir.as_str(), false),
+            (
+                "/usr/local/vgpu/limits.env",
+                format!("{host}/limits/{one}_main.env").as_str(),
+                true
+            ),
         ]
     );
     assert!(Path::new(&dir).is_dir(), "per-container dir created");
+    // The read-only limits file the hook trusts says exactly what the environment says.
+    let file = vgpu_core::limits_file::parse(
+        &std::fs::read_to_string(env.host_dir.join(format!("limits/{one}_main.env"))).unwrap(),
+    )
+    .unwrap();
+    let envs: std::collections::BTreeMap<String, String> = r.envs.clone().into_iter().collect();
+    assert_eq!(file, envs);
     assert_eq!(
         std::fs::read_to_string(env.host_dir.join("ld.so.preload")).unwrap(),
         "/usr/local/vgpu/libvgpu.so\n"

@@ -10,10 +10,71 @@ use vgpu_webhook::server::decide_mutation;
 
 const EXAMPLE: &str = include_str!("../../examples/admission-review.json");
 
+/// What `/mutate` does with a body: the pruned read, the decision, the answer.
 fn full_path(body: &[u8], settings: &MutateSettings) -> Vec<u8> {
+    let req = AdmissionRequest::for_mutation(body).unwrap_or_else(|e| panic!("{e}"));
+    let (resp, _) = decide_mutation(&req, settings);
+    serde_json::to_vec(&resp.into_review()).unwrap_or_default()
+}
+
+/// The same with the object read whole into a `Value` (what `/mutate` did before), for the ratio.
+fn whole_value_path(body: &[u8], settings: &MutateSettings) -> Vec<u8> {
     let req = AdmissionRequest::from_review_bytes(body).unwrap_or_else(|e| panic!("{e}"));
     let (resp, _) = decide_mutation(&req, settings);
     serde_json::to_vec(&resp.into_review()).unwrap_or_default()
+}
+
+/// The example pod as the API server would really send it: defaulted fields, probes, volumes,
+/// managed fields and the `kubectl apply` annotation (about 6 KiB).
+fn realistic(example: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(example).unwrap_or_default();
+    let pod = &mut v["request"]["object"];
+    let applied = serde_json::to_string(&pod.clone()).unwrap_or_default();
+    pod["metadata"]["annotations"] = serde_json::json!({
+        "kubectl.kubernetes.io/last-applied-configuration": applied});
+    pod["metadata"]["uid"] = serde_json::json!("0c2f8f55-4d36-4b1e-9b5c-2f4c3f0e1a77");
+    pod["metadata"]["creationTimestamp"] = serde_json::json!("2026-12-03T10:00:00Z");
+    pod["metadata"]["managedFields"] = serde_json::json!([{"manager": "kubectl-client-side-apply",
+        "operation": "Update", "apiVersion": "v1", "time": "2026-12-03T10:00:00Z",
+        "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:annotations": {".": {},
+        "f:kubectl.kubernetes.io/last-applied-configuration": {}}, "f:labels": {".": {}, "f:app": {}}},
+        "f:spec": {"f:containers": {"k:{\"name\":\"pytorch\"}": {".": {}, "f:env": {}, "f:image": {},
+        "f:name": {}, "f:resources": {".": {}, "f:limits": {}, "f:requests": {}}}}}}}]);
+    let spec = &mut pod["spec"];
+    spec["restartPolicy"] = "Always".into();
+    spec["terminationGracePeriodSeconds"] = 30.into();
+    spec["dnsPolicy"] = "ClusterFirst".into();
+    spec["serviceAccountName"] = "default".into();
+    spec["securityContext"] = serde_json::json!({});
+    spec["enableServiceLinks"] = true.into();
+    spec["preemptionPolicy"] = "PreemptLowerPriority".into();
+    spec["priority"] = 0.into();
+    spec["tolerations"] = serde_json::json!([
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]);
+    spec["volumes"] = serde_json::json!([{"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420,
+        "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}]);
+    let c = &mut spec["containers"][0];
+    c["imagePullPolicy"] = "IfNotPresent".into();
+    c["terminationMessagePath"] = "/dev/termination-log".into();
+    c["terminationMessagePolicy"] = "File".into();
+    c["command"] = serde_json::json!([
+        "python",
+        "-u",
+        "train.py",
+        "--epochs",
+        "90",
+        "--batch-size",
+        "256"
+    ]);
+    c["ports"] = serde_json::json!([{"containerPort": 8080, "name": "metrics", "protocol": "TCP"}]);
+    c["readinessProbe"] = serde_json::json!({"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
+        "initialDelaySeconds": 5, "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3});
+    c["volumeMounts"] = serde_json::json!([{"name": "kube-api-access-x7k2p", "readOnly": true,
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]);
+    v.to_string()
 }
 
 fn bench(c: &mut Criterion) {
@@ -31,6 +92,20 @@ fn bench(c: &mut Criterion) {
     group.bench_function("parse_decide_serialize/example_pod", |b| {
         b.iter(|| full_path(black_box(EXAMPLE.as_bytes()), &settings))
     });
+    group.bench_function("whole_value/example_pod", |b| {
+        b.iter(|| whole_value_path(black_box(EXAMPLE.as_bytes()), &settings))
+    });
+    let real = realistic(EXAMPLE);
+    assert_eq!(
+        full_path(real.as_bytes(), &settings),
+        whole_value_path(real.as_bytes(), &settings)
+    );
+    group.bench_function("parse_decide_serialize/realistic_pod", |b| {
+        b.iter(|| full_path(black_box(real.as_bytes()), &settings))
+    });
+    group.bench_function("whole_value/realistic_pod", |b| {
+        b.iter(|| whole_value_path(black_box(real.as_bytes()), &settings))
+    });
     // A pod with eight GPU containers and user env to replace.
     let mut big: serde_json::Value = serde_json::from_str(EXAMPLE).unwrap_or_default();
     let container = big["request"]["object"]["spec"]["containers"][0].clone();
@@ -45,6 +120,9 @@ fn bench(c: &mut Criterion) {
     let big = big.to_string();
     group.bench_function("parse_decide_serialize/eight_containers", |b| {
         b.iter(|| full_path(black_box(big.as_bytes()), &settings))
+    });
+    group.bench_function("whole_value/eight_containers", |b| {
+        b.iter(|| whole_value_path(black_box(big.as_bytes()), &settings))
     });
     group.finish();
 }

@@ -7,9 +7,12 @@
 //! documents and expects (kube-rs issue #1781: its own type serialises bytes as a number array).
 
 use base64::Engine as _;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
+
+use crate::pruned::PrunedPod;
 
 /// The only review version we speak (`admissionReviewVersions: [v1]`).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -40,12 +43,12 @@ pub enum ReviewError {
 /// The review envelope, as received.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn {
+struct ReviewIn<O> {
     #[serde(default)]
     api_version: String,
     #[serde(default)]
     kind: String,
-    request: Option<AdmissionRequest>,
+    request: Option<AdmissionRequest<O>>,
 }
 
 /// group/version/kind of the reviewed object.
@@ -62,10 +65,10 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
-/// What the API server asks us to admit.
+/// What the API server asks us to admit; `O` is how the object is held (whole by default).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
+pub struct AdmissionRequest<O = Value> {
     /// Identifies this call; echoed in the response.
     #[serde(default)]
     pub uid: String,
@@ -85,28 +88,57 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub operation: String,
     /// The object as it would be stored.
-    #[serde(default)]
-    pub object: Option<Value>,
+    #[serde(default = "none")]
+    pub object: Option<O>,
     /// Whether this is a dry run (no side effects allowed).
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
 
+fn none<O>() -> Option<O> {
+    None
+}
+
+/// Reads a review body with the object held as `O`.
+fn read_review<O: DeserializeOwned>(body: &[u8]) -> Result<AdmissionRequest<O>, ReviewError> {
+    let review: ReviewIn<O> = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
+        return Err(ReviewError::Version {
+            api_version: review.api_version,
+            kind: review.kind,
+        });
+    }
+    let request = review.request.ok_or(ReviewError::NoRequest)?;
+    if request.uid.is_empty() {
+        return Err(ReviewError::NoUid);
+    }
+    Ok(request)
+}
+
 impl AdmissionRequest {
     /// Reads a review body and returns its request, or why the body cannot be answered.
     pub fn from_review_bytes(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
-        let review: ReviewIn = serde_json::from_slice(body).map_err(ReviewError::Json)?;
-        if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
-            return Err(ReviewError::Version {
-                api_version: review.api_version,
-                kind: review.kind,
-            });
+        read_review(body)
+    }
+
+    /// [`AdmissionRequest::from_review_bytes`] for the mutating decision: the object holds only
+    /// the fields that decision and the admission log read ([`PrunedPod`]), so the decision and
+    /// every error are the same, at a fraction of the allocations. A body the pruned read does not
+    /// take is read whole, so that its error (or its answer) is exactly the whole read's.
+    pub fn for_mutation(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
+        match read_review::<PrunedPod>(body) {
+            Ok(r) => Ok(AdmissionRequest {
+                uid: r.uid,
+                kind: r.kind,
+                sub_resource: r.sub_resource,
+                name: r.name,
+                namespace: r.namespace,
+                operation: r.operation,
+                object: r.object.map(|p| p.0),
+                dry_run: r.dry_run,
+            }),
+            Err(_) => read_review(body),
         }
-        let request = review.request.ok_or(ReviewError::NoRequest)?;
-        if request.uid.is_empty() {
-            return Err(ReviewError::NoUid);
-        }
-        Ok(request)
     }
 
     /// `metadata.name`, falling back to `metadata.generateName` and then the request's name, for logs.

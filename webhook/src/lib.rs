@@ -9,9 +9,11 @@
 pub mod admission;
 pub mod cli;
 pub mod config;
+pub mod logbuf;
 pub mod metrics;
 pub mod mutate;
 pub mod pod;
+pub mod pruned;
 pub mod server;
 pub mod tls;
 pub mod validate;

@@ -153,7 +153,7 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 
 async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let request = match AdmissionRequest::from_review_bytes(&body) {
+    let request = match AdmissionRequest::for_mutation(&body) {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(endpoint = "mutate", decision = "bad-request", error = %e, "admission");
@@ -296,6 +296,68 @@ mod tests {
             body["response"]["status"]["message"],
             "vgpu: object is not a valid Pod: spec.containers: expected an array"
         );
+    }
+
+    /// The pruned read that `/mutate` uses answers every body exactly as the whole read does.
+    #[test]
+    fn the_pruned_read_decides_as_the_whole_read() {
+        let settings = MutateSettings {
+            runtime_class: Some("vgpu".into()),
+            ..MutateSettings::default()
+        };
+        let gpu = json!({"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4Gi"},
+            "requests": {"nvidia.com/gpucores": 30}});
+        let objects = [
+            json!({"metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+                "spec": {"containers": [{"name": "c", "image": "i", "resources": gpu,
+                    "env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "99"}, {"name": "A", "value": "b"},
+                        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": null}, 4]}],
+                    "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpumem-percentage": "50"}}}],
+                    "schedulerName": "volcano", "runtimeClassName": "other", "volumes": [{"name": "v"}]}}),
+            json!({"metadata": {"generateName": "g-", "labels": {"vgpu.io/managed": "true"},
+                "annotations": {"vgpu.io/injected": "forged"}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
+            json!({"metadata": "x", "spec": {"containers": [{"name": "c", "resources": gpu}]}}),
+            json!({"spec": {"containers": {"name": "c"}}}),
+            json!({"spec": {"containers": [7]}}),
+            json!({"spec": {"containers": [{"name": 3, "resources": {"limits": [1]}}]}}),
+            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": true}}}]}}),
+            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpucores": "150"}}}]}}),
+            json!({"spec": {"ephemeralContainers": [{"name": "e", "resources": gpu}], "containers": []}}),
+            json!({"spec": "nope"}),
+            json!({"spec": null}),
+            json!(null),
+            json!([1, 2]),
+        ];
+        let mut bodies: Vec<String> = objects.iter().map(|o| review(o.clone())).collect();
+        bodies.push(
+            review(json!({"spec": {"containers": [{"name": "c", "resources": gpu}]}}))
+                .replace("\"Pod\"", "\"Deployment\""),
+        );
+        bodies.push(review(json!({"status": 1e300})).replace("1e300", "1e400"));
+        bodies.push(review(json!({"status": "s"})).replace("\"s\"", "\"\\ud800\""));
+        bodies.push(r#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u","object":{"spec":{}},"object":{}}}"#.into());
+        bodies.push(
+            r#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":""}}"#
+                .into(),
+        );
+        bodies.push("{not json".into());
+        let answer = |r: Result<AdmissionRequest, crate::admission::ReviewError>| match r {
+            Ok(req) => {
+                let (resp, label) = decide_mutation(&req, &settings);
+                Ok((
+                    serde_json::to_string(&resp.into_review()).unwrap(),
+                    label,
+                    req.object_name().to_string(),
+                ))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        for body in &bodies {
+            let whole = answer(AdmissionRequest::from_review_bytes(body.as_bytes()));
+            let pruned = answer(AdmissionRequest::for_mutation(body.as_bytes()));
+            assert_eq!(pruned, whole, "{body}");
+        }
     }
 
     #[tokio::test]

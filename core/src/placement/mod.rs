@@ -148,6 +148,11 @@ impl Gpu {
         }
     }
 
+    /// `model`, lower-cased.
+    pub fn model_lower(&self) -> &str {
+        &self.model_lower
+    }
+
     /// Counts one placed slice against this GPU.
     pub fn add(&mut self, s: &DeviceSlice) {
         self.used_mib = self.used_mib.saturating_add(s.memory_mib);
@@ -166,6 +171,59 @@ impl Gpu {
         self.cores.saturating_sub(self.used_cores)
     }
 
+    /// The fields placement reads for every candidate, packed; `model_key` is
+    /// [`GpuSet::model_key`] for this GPU within its node.
+    pub fn hot(&self) -> GpuHot {
+        GpuHot {
+            memory_mib: self.memory_mib,
+            used_mib: self.used_mib,
+            mem_scale: self.mem_scale,
+            cores_scale: self.cores_scale,
+            cores: self.cores,
+            used_cores: self.used_cores,
+            split: self.split,
+            slices: self.slices,
+            index: self.index,
+            model_key: self.model_first as u32,
+            usable: self.usable,
+            exclusive: self.exclusive,
+        }
+    }
+}
+
+/// The part of a [`Gpu`] that placement reads for every candidate GPU, in one 64-byte record: a
+/// filter over thousands of nodes then streams through a dense array of these instead of chasing
+/// each node's heap objects (names and UUIDs stay with the [`Gpu`], read only for type and UUID
+/// lists, messages and assignments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuHot {
+    memory_mib: u64,
+    used_mib: u64,
+    mem_scale: u64,
+    cores_scale: u64,
+    cores: u32,
+    used_cores: u32,
+    split: u32,
+    slices: u32,
+    index: u32,
+    model_key: u32,
+    usable: bool,
+    exclusive: bool,
+}
+
+impl GpuHot {
+    /// The same GPU with another model key (a number that GPUs of one model, and only those,
+    /// share within the node; type lists are tested once per key).
+    pub fn with_model_key(mut self, key: u32) -> GpuHot {
+        self.model_key = key;
+        self
+    }
+
+    /// The model key.
+    pub fn model_key(&self) -> u32 {
+        self.model_key
+    }
+
     /// Use in per-mille: the mean of the memory and the cores fractions in use.
     fn use_permille(&self, used_mib: u64, used_cores: u32) -> u64 {
         let mem = permille(used_mib, self.memory_mib, self.mem_scale);
@@ -175,6 +233,44 @@ impl Gpu {
             self.cores_scale,
         );
         (mem + cores) / 2
+    }
+}
+
+/// A node's GPUs as placement reads them: the hot record of each for every decision, and names
+/// only where a list, a message or an assignment needs them. [`NodeGpus`] is one; a scheduler may
+/// keep a dense copy of the hot records of all its nodes and implement this over it.
+pub trait GpuSet {
+    /// Number of GPUs.
+    fn len(&self) -> usize;
+    /// Whether the node has no GPU.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The hot record of GPU `i`.
+    fn hot(&self, i: usize) -> GpuHot;
+    /// Its UUID.
+    fn uuid(&self, i: usize) -> &str;
+    /// Its model as reported.
+    fn model(&self, i: usize) -> &str;
+    /// Whether its model passes the pod's type lists (called once per model key and node).
+    fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool;
+}
+
+impl GpuSet for NodeGpus {
+    fn len(&self) -> usize {
+        self.gpus.len()
+    }
+    fn hot(&self, i: usize) -> GpuHot {
+        self.gpus[i].hot()
+    }
+    fn uuid(&self, i: usize) -> &str {
+        &self.gpus[i].uuid
+    }
+    fn model(&self, i: usize) -> &str {
+        &self.gpus[i].model
+    }
+    fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool {
+        filter.type_ok_lower(&self.gpus[i].model_lower)
     }
 }
 
@@ -299,14 +395,24 @@ pub struct GpuFilter {
 }
 
 impl GpuFilter {
-    fn type_ok(&self, g: &Gpu) -> bool {
-        (self.use_types.is_empty() || self.use_types.any_contained_in(&g.model_lower))
-            && !self.nouse_types.any_contained_in(&g.model_lower)
+    /// Whether a model, lower-cased, passes the type lists.
+    pub fn type_ok_lower(&self, model_lower: &str) -> bool {
+        (self.use_types.is_empty() || self.use_types.any_contained_in(model_lower))
+            && !self.nouse_types.any_contained_in(model_lower)
     }
 
-    fn uuid_ok(&self, g: &Gpu) -> bool {
-        (self.use_uuids.is_empty() || self.use_uuids.any_equal(&g.uuid))
-            && !self.nouse_uuids.any_equal(&g.uuid)
+    /// Whether the type lists say anything.
+    pub fn typed(&self) -> bool {
+        !self.use_types.is_empty() || !self.nouse_types.is_empty()
+    }
+
+    fn uuids(&self) -> bool {
+        !self.use_uuids.is_empty() || !self.nouse_uuids.is_empty()
+    }
+
+    fn uuid_ok(&self, uuid: &str) -> bool {
+        (self.use_uuids.is_empty() || self.use_uuids.any_equal(uuid))
+            && !self.nouse_uuids.any_equal(uuid)
     }
 }
 
@@ -610,14 +716,22 @@ pub fn score(node: &NodeGpus, pod: &PodRequest) -> Result<u32, Unfit> {
     place_inner(node, pod, false).map(|(_, s)| s)
 }
 
-fn place_inner(
-    node: &NodeGpus,
+/// [`score`] over any [`GpuSet`]: the same code, so the same decisions and messages.
+pub fn score_set<S: GpuSet + ?Sized>(node: &S, pod: &PodRequest) -> Result<u32, Unfit> {
+    place_inner(node, pod, false).map(|(_, s)| s)
+}
+
+fn place_inner<S: GpuSet + ?Sized>(
+    node: &S,
     pod: &PodRequest,
     record: bool,
 ) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
-    let gpus = node.gpus();
+    let n_gpus = node.len();
+    let mut hot_buf: SmallBuf<GpuHot> = SmallBuf::new();
     let mut scratch_buf: SmallBuf<Scratch> = SmallBuf::new();
-    for g in gpus {
+    for i in 0..n_gpus {
+        let g = node.hot(i);
+        hot_buf.push(g);
         scratch_buf.push(Scratch {
             used_mib: g.used_mib,
             used_cores: g.used_cores,
@@ -625,6 +739,7 @@ fn place_inner(
             exclusive: g.exclusive,
         });
     }
+    let gpus: &[GpuHot] = hot_buf.as_mut_slice();
     let scratch = scratch_buf.as_mut_slice();
     let several = pod.containers.len() > 1;
     let mut out = Vec::with_capacity(if record { pod.containers.len() } else { 0 });
@@ -644,8 +759,9 @@ fn place_inner(
         }
         cand_buf.clear();
         // GPUs of one node mostly share a model: test the type lists once per distinct model.
-        let typed = !pod.filter.use_types.is_empty() || !pod.filter.nouse_types.is_empty();
-        let mut type_memo: SmallBuf<(usize, bool)> = SmallBuf::new();
+        let typed = pod.filter.typed();
+        let uuids = pod.filter.uuids();
+        let mut type_memo: SmallBuf<(u32, bool)> = SmallBuf::new();
         // Counts after each check, for the failure message.
         let (mut n_usable, mut n_type, mut n_uuid, mut n_split, mut n_excl, mut n_cores) =
             (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
@@ -663,12 +779,12 @@ fn place_inner(
                 || match type_memo
                     .as_mut_slice()
                     .iter()
-                    .find(|(first, _)| *first == g.model_first)
+                    .find(|(key, _)| *key == g.model_key)
                 {
                     Some(&(_, ok)) => ok,
                     None => {
-                        let ok = pod.filter.type_ok(g);
-                        type_memo.push((g.model_first, ok));
+                        let ok = node.type_ok(i, &pod.filter);
+                        type_memo.push((g.model_key, ok));
                         ok
                     }
                 };
@@ -676,7 +792,7 @@ fn place_inner(
                 continue;
             }
             n_type += 1;
-            if !pod.filter.uuid_ok(g) {
+            if uuids && !pod.filter.uuid_ok(node.uuid(i)) {
                 continue;
             }
             n_uuid += 1;
@@ -719,15 +835,14 @@ fn place_inner(
         }
         let cand = cand_buf.as_mut_slice();
         if cand.len() < need {
-            let uuid = |i: usize| gpus[i].uuid.clone();
+            let uuid = |i: usize| node.uuid(i).to_string();
             let reason = if n_usable < need {
                 UnfitReason::Unhealthy { usable: n_usable }
             } else if n_type < need {
-                let models: Vec<String> = gpus
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, g)| g.model_first == *i)
-                    .map(|(_, g)| g.model.clone())
+                // Distinct models in inventory order: the first GPU of each model key.
+                let models: Vec<String> = (0..gpus.len())
+                    .filter(|&i| gpus[..i].iter().all(|h| h.model_key != gpus[i].model_key))
+                    .map(|i| node.model(i).to_string())
                     .collect();
                 UnfitReason::Type {
                     left: n_type,
@@ -781,7 +896,7 @@ fn place_inner(
             s.exclusive |= exclusive;
             if record {
                 devices.push(DeviceSlice {
-                    uuid: g.uuid.clone(),
+                    uuid: node.uuid(i).to_string(),
                     memory_mib: mib,
                     cores: r.cores,
                 });

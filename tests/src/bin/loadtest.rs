@@ -7,6 +7,7 @@
 //! target/release/vgpu-loadtest --connections 64 --seconds 10
 //! # p99 of real requests beside 1000 idle connections (issue 9), baseline: none idle
 //! target/release/vgpu-loadtest --connections 4 --seconds 10 --idle-connections 1000
+//! target/release/vgpu-loadtest --rounds 3 --webhook old/vgpu-webhook --webhook target/release/vgpu-webhook
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
@@ -43,9 +44,14 @@ struct Args {
     /// Client worker threads.
     #[arg(long, default_value_t = 2)]
     client_threads: usize,
-    /// The vgpu-webhook binary [default: next to this one].
+    /// The vgpu-webhook binary [default: next to this one]; repeat it to compare builds (each is
+    /// measured after the baseline in every round).
     #[arg(long)]
-    webhook: Option<PathBuf>,
+    webhook: Vec<PathBuf>,
+    /// Rounds: baseline then every webhook, this many times over, so that a change in the machine's
+    /// load shows in every server's numbers alike.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Review body to send [default: examples/admission-review.json].
     #[arg(long)]
     body: Option<PathBuf>,
@@ -75,19 +81,11 @@ fn main() -> anyhow::Result<()> {
         None => std::fs::read(vgpu_tests::repo_root().join("examples/admission-review.json"))?,
     };
     let me = std::env::current_exe()?;
-    let webhook = args
-        .webhook
-        .clone()
-        .unwrap_or_else(|| me.with_file_name("vgpu-webhook"));
-
-    let mut hello_cmd = Command::new(&me);
-    hello_cmd.arg("--serve-hello").arg(&cert).arg(&key);
-    let mut webhook_cmd = Command::new(&webhook);
-    webhook_cmd
-        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key);
+    let webhooks = if args.webhook.is_empty() {
+        vec![me.with_file_name("vgpu-webhook")]
+    } else {
+        args.webhook.clone()
+    };
 
     let client_tls = Arc::new(http1_only(pki.client_config()));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -95,28 +93,54 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if args.idle_connections > 0 {
+        let mut webhook_cmd = Command::new(&webhooks[0]);
+        webhook_cmd
+            .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key);
         return idle_mode(&rt, webhook_cmd, client_tls, &body, &args);
     }
-    let mut results = Vec::new();
-    for (name, cmd, path) in [
-        ("bare rustls hello", hello_cmd, "/hello"),
-        ("vgpu-webhook /mutate", webhook_cmd, "/mutate"),
-    ] {
-        let server = Server::start(cmd, &args.server_log)?;
-        let r = rt.block_on(load(server.addr, client_tls.clone(), path, &body, &args))?;
-        println!(
-            "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
-            r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
-        );
-        results.push(r);
-        drop(server);
+    let mut failed = false;
+    for round in 1..=args.rounds.max(1) {
+        let mut hello_cmd = Command::new(&me);
+        hello_cmd.arg("--serve-hello").arg(&cert).arg(&key);
+        let mut servers = vec![("bare rustls hello".to_string(), hello_cmd, "/hello")];
+        for (i, webhook) in webhooks.iter().enumerate() {
+            let mut cmd = Command::new(webhook);
+            cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
+                .arg(&cert)
+                .arg("--tls-key")
+                .arg(&key);
+            let name = if webhooks.len() == 1 {
+                "vgpu-webhook /mutate".to_string()
+            } else {
+                format!("webhook #{} /mutate", i + 1)
+            };
+            servers.push((name, cmd, "/mutate"));
+        }
+        let mut results = Vec::new();
+        for (name, cmd, path) in servers {
+            let server = Server::start(cmd, &args.server_log)?;
+            let r = rt.block_on(load(server.addr, client_tls.clone(), path, &body, &args))?;
+            println!(
+                "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
+                r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
+            );
+            failed |= r.errors > 0;
+            results.push((name, r));
+            drop(server);
+        }
+        for (name, r) in &results[1..] {
+            println!(
+                "round {round}: ratio {name}/baseline: {:.3} (connections {}, {} s measured each)",
+                r.rps / results[0].1.rps,
+                args.connections,
+                args.seconds
+            );
+        }
     }
-    let ratio = results[1].rps / results[0].rps;
-    println!(
-        "ratio webhook/baseline: {ratio:.3} (connections {}, {} s measured each)",
-        args.connections, args.seconds
-    );
-    if results.iter().any(|r| r.errors > 0) {
+    if failed {
         bail!("requests failed during the run");
     }
     Ok(())
