@@ -120,12 +120,17 @@ async fn validate_caches_recover_from_watch_faults_and_readyz_follows() {
         c.log_has(0, &["resourcequotas", "cache marked unsynced", "Expired"]),
         "the 410 was seen"
     );
-    let synced = c.webhooks[0]
-        .0
-        .output()
-        .iter()
-        .filter(|l| l.contains("cache synced") && l.contains("resourcequotas"))
-        .count();
+    // Log lines are written in batches (every 50 ms): wait for the second sync line.
+    let synced = vgpu_tests::wait_for_async(T, "the quota cache's second sync line", || async {
+        let n = c.webhooks[0]
+            .0
+            .output()
+            .iter()
+            .filter(|l| l.contains("cache synced") && l.contains("resourcequotas"))
+            .count();
+        (n >= 2).then_some(n)
+    })
+    .await;
     assert_eq!(synced, 2, "the quota cache re-listed after 410");
     c.wait_readyz(0, 200).await;
 
@@ -384,14 +389,15 @@ async fn device_plugin_serves_while_node_patches_fail_and_catches_up() {
     .await;
     assert_eq!(inv.devices.len(), 1);
     assert_eq!(inv.devices[0].uuid, GPU);
-    assert!(
+    // The line is written after the patch returns: wait for it rather than race it.
+    vgpu_tests::wait_for_async(T, "the recovery log line", || async {
         plugin
             .output()
             .iter()
-            .any(|l| l.contains("node inventory patched after failures")),
-        "{:?}",
-        plugin.output()
-    );
+            .any(|l| l.contains("node inventory patched after failures"))
+            .then_some(())
+    })
+    .await;
 }
 
 /// The scheduler's caches through a cut watch and a watch whose version was compacted away (410
