@@ -90,14 +90,8 @@ pub(crate) fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
 }
 
 pub(crate) fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": format!("review-{}", pod["metadata"]["name"].as_str().unwrap_or("")),
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
-        "name": pod["metadata"]["name"], "dryRun": dry_run, "object": pod}})
-    .to_string()
-    .into_bytes()
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    vgpu_tests::admission::pod_create_review(&format!("review-{name}"), pod, dry_run)
 }
 
 impl Cluster {
