@@ -14,3 +14,23 @@ pub fn pod_create_review(uid: &str, pod: &Value, dry_run: bool) -> Vec<u8> {
     .to_string()
     .into_bytes()
 }
+
+/// The AdmissionReview the API server sends for a Pod UPDATE from `old` to `new` by `username`.
+pub fn pod_update_review(
+    uid: &str,
+    old: &Value,
+    new: &Value,
+    username: &str,
+    dry_run: bool,
+) -> Vec<u8> {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": new["metadata"]["namespace"], "operation": "UPDATE",
+        "name": new["metadata"]["name"], "dryRun": dry_run,
+        "userInfo": {"username": username, "groups": ["system:authenticated"]},
+        "object": new, "oldObject": old}})
+    .to_string()
+    .into_bytes()
+}

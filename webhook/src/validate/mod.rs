@@ -219,7 +219,13 @@ impl Validator {
     fn precheck<'r>(&self, request: &'r AdmissionRequest) -> ControlFlow<Decision, Admissible<'r>> {
         let allow = AdmissionResponse::allow(&request.uid);
         let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
-        if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
+        if !is_pod || request.sub_resource.is_some() {
+            return Break((allow, "skipped"));
+        }
+        if request.operation == "UPDATE" {
+            return Break(self.update(request));
+        }
+        if request.operation != "CREATE" {
             return Break((allow, "skipped"));
         }
         let Some(pod) = &request.object else {
@@ -228,15 +234,7 @@ impl Validator {
                 "invalid",
             ));
         };
-        let namespace = request
-            .namespace
-            .clone()
-            .or_else(|| {
-                pod.pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
+        let namespace = namespace_of(request, pod);
         let dry_run = request.dry_run == Some(true);
         let containers = match policy::vgpu_containers(pod, &self.settings.policy) {
             Ok(c) => c,
@@ -247,28 +245,68 @@ impl Validator {
         }
         let largest = self.cache.largest_card_mib();
         if let Err(v) = policy::check(pod, true, &containers, &self.settings.rules, largest) {
-            if !dry_run {
-                let fallback = ObjectRef {
-                    api_version: "v1".into(),
-                    kind: "Namespace".into(),
-                    namespace: String::new(),
-                    name: namespace.clone(),
-                    uid: String::new(),
-                };
-                self.events.record(Rejection {
-                    namespace: namespace.clone(),
-                    regarding: events::regarding(pod, &namespace, fallback),
-                    reason: REASON_POLICY,
-                    note: v.message.clone(),
-                });
-            }
-            return Break((allow.deny(403, "Forbidden", v.message), "policy"));
+            return Break(self.policy_denial(request, pod, &namespace, dry_run, v));
         }
         Continue(Admissible {
             pod,
             namespace,
             dry_run,
         })
+    }
+
+    /// A Pod UPDATE: only the reserved annotations and the managed label are checked
+    /// ([`policy::check_update`]); quota does not change, as a pod's resources are immutable.
+    fn update(&self, request: &AdmissionRequest) -> Decision {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let (Some(pod), Some(old)) = (&request.object, &request.old_object) else {
+            return (
+                allow.deny(
+                    400,
+                    "BadRequest",
+                    "vgpu: an UPDATE review needs request.object and request.oldObject",
+                ),
+                "invalid",
+            );
+        };
+        let username = request.user_info.username.as_str();
+        match policy::check_update(old, pod, username, &self.settings.rules) {
+            Ok(()) => (allow, "update"),
+            Err(v) => {
+                let namespace = namespace_of(request, pod);
+                let dry_run = request.dry_run == Some(true);
+                self.policy_denial(request, pod, &namespace, dry_run, v)
+            }
+        }
+    }
+
+    /// The denial for a broken policy rule, with its Event (none for a dry run).
+    fn policy_denial(
+        &self,
+        request: &AdmissionRequest,
+        pod: &Value,
+        namespace: &str,
+        dry_run: bool,
+        v: policy::Violation,
+    ) -> Decision {
+        if !dry_run {
+            let fallback = ObjectRef {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                namespace: String::new(),
+                name: namespace.to_string(),
+                uid: String::new(),
+            };
+            self.events.record(Rejection {
+                namespace: namespace.to_string(),
+                regarding: events::regarding(pod, namespace, fallback),
+                reason: REASON_POLICY,
+                note: v.message.clone(),
+            });
+        }
+        (
+            AdmissionResponse::allow(&request.uid).deny(403, "Forbidden", v.message),
+            "policy",
+        )
     }
 
     /// The reservation the pod needs under `quotas`; None when no vGPU quota covers it.
@@ -480,6 +518,19 @@ impl Validator {
 
 /// Writes the ledger: create when it did not exist, else replace with the resourceVersion read
 /// (the compare-and-swap).
+/// The request's namespace, else the object's.
+fn namespace_of(request: &AdmissionRequest, pod: &Value) -> String {
+    request
+        .namespace
+        .clone()
+        .or_else(|| {
+            pod.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
 async fn write_ledger(
     api: &Api<DynamicObject>,
     name: &str,
