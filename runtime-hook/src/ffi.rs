@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use vgpu_core::accounting::{FILE_WORDS, MAX_DEVICES};
 
 type CUresult = c_int;
@@ -532,8 +532,10 @@ struct Hook {
     last_reclaim: AtomicU64,
     /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
     slot: AtomicUsize,
-    /// Live allocations: (kind, pointer or handle) -> (limit index, bytes).
-    allocations: Mutex<HashMap<(Kind, u64), (usize, u64)>>,
+    /// Live allocations: (kind, pointer or handle) -> (limit index, bytes). parking_lot's Mutex
+    /// hands the lock to a thread that has waited 0.5 ms; std's lets a busy thread barge ahead,
+    /// and with 16 threads allocating one of them could wait for seconds.
+    allocations: parking_lot::Mutex<HashMap<(Kind, u64), (usize, u64)>>,
 }
 
 static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
@@ -603,7 +605,7 @@ fn init() -> Result<Hook, CUresult> {
         real,
         ledger,
         slot: AtomicUsize::new(usize::MAX),
-        allocations: Mutex::new(HashMap::new()),
+        allocations: parking_lot::Mutex::new(HashMap::new()),
     })
 }
 
@@ -744,12 +746,26 @@ fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks existence.
     let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
         || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    // A zombie has already lost its GPU memory.
     exists
-        && std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-            s.rsplit_once(')')
-                .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
+        && std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_or(true, |status| !released(&status))
+}
+
+/// Whether the process `/proc/<pid>/status` describes has let go of its GPU memory: the driver
+/// frees it when the last thread closes the process's device files at exit. That is true of a
+/// zombie with no other thread left; a SIGKILLed multi-threaded process first shows a zombie
+/// leader (`State: Z`) while its other threads are still exiting (`Threads:` above 1) and its
+/// files still open, and reclaiming then would hand out memory the card still holds.
+fn released(status: &str) -> bool {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim_start)
+    };
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let threads = field("Threads:").and_then(|n| n.trim().parse::<u32>().ok());
+    zombie && threads.is_none_or(|n| n <= 1)
 }
 
 macro_rules! real_or {
@@ -838,10 +854,7 @@ impl Hook {
     }
 
     fn remember(&self, kind: Kind, key: u64, dev: usize, bytes: u64) {
-        self.allocations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((kind, key), (dev, bytes));
+        self.allocations.lock().insert((kind, key), (dev, bytes));
     }
 
     /// Reserves `bytes` on `dev`, runs the driver allocation `call` (which returns the new pointer or
@@ -870,11 +883,7 @@ impl Hook {
     fn free(&'static self, kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = call();
         if r == CUDA_SUCCESS {
-            let entry = self
-                .allocations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(kind, key));
+            let entry = self.allocations.lock().remove(&(kind, key));
             if let (Some((dev, bytes)), Ok(slot)) = (entry, self.slot()) {
                 self.ledger.release(slot, dev, bytes);
             }
@@ -1544,6 +1553,21 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_is_released_only_when_the_last_thread_is_gone() {
+        let status = |state: &str, threads: u32| {
+            format!("Name:\tprobe\nState:\t{state}\nTgid:\t7\nThreads:\t{threads}\n")
+        };
+        assert!(!released(&status("R (running)", 16)));
+        assert!(!released(&status("S (sleeping)", 1)));
+        // A SIGKILLed leader is a zombie while its other threads still exit.
+        assert!(!released(&status("Z (zombie)", 5)));
+        assert!(released(&status("Z (zombie)", 1)));
+        assert!(released(&status("X (dead)", 1)));
+        // This process is alive.
+        assert!(alive(std::process::id()));
+    }
 
     #[test]
     fn a_panic_becomes_a_cuda_error() {

@@ -399,7 +399,9 @@ fn sigkill_storms_under_concurrency_never_pass_the_limit() {
         snap.oom_refusals() > 0,
         "the storm never reached the limit: {snap:?}"
     );
-    // No allocation or free of a survivor blocked for a second, whatever the kills interrupted.
+    // No allocation or free of a survivor blocked for a second, whatever the kills interrupted
+    // ("blocked": the call's wall time less the time its thread waited for a CPU, see probe.c's
+    // TIMED; with 64 stress threads on a 2-core machine a runnable thread can wait that long).
     for c in &mut survivors {
         let mut out = String::new();
         std::io::Read::read_to_string(&mut c.stdout.take().unwrap(), &mut out).unwrap();

@@ -29,7 +29,11 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+// parking_lot's Mutex hands the lock to a waiter that has waited 0.5 ms ("eventual fairness"):
+// under the stress tests' 16 threads per process, std's barging Mutex let one thread starve for
+// seconds, which the tests read as the hook blocking.
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::OnceLock;
 
 type CUresult = c_int;
 type CUdevice = c_int;
@@ -123,7 +127,7 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
 
 fn state() -> Result<MutexGuard<'static, State>, CUresult> {
     match STATE.get() {
-        Some(Ok(m)) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+        Some(Ok(m)) => Ok(m.lock()),
         Some(Err(e)) => Err(*e),
         None => Err(CUDA_ERROR_NOT_INITIALIZED),
     }
@@ -1175,30 +1179,53 @@ mod shared {
         // SAFETY: page-aligned mapping of WORDS u64 words; AtomicU64 has u64's layout.
         let words = unsafe { std::slice::from_raw_parts(p as *const AtomicU64, WORDS) };
         let pid = u64::from(std::process::id());
+        // Lock the slot's byte first, then claim the slot: a reaper never sees a claimed slot
+        // unlocked while its owner lives.
         let slot = (0..SLOTS).find(|&s| {
-            words[2 * DEVS + s * SLOT]
+            if !slot_lock(&file, s, libc::F_OFD_SETLK, libc::F_WRLCK) {
+                return false;
+            }
+            let claimed = words[2 * DEVS + s * SLOT]
                 .compare_exchange(0, pid, SeqCst, SeqCst)
-                .is_ok()
+                .is_ok();
+            if !claimed {
+                slot_lock(&file, s, libc::F_OFD_SETLK, libc::F_UNLCK);
+            }
+            claimed
         })?;
         Some(Shared { words, slot, file })
+    }
+
+    /// An open-file-description lock on slot `s`'s byte of the file (past the words, never
+    /// written). The owner holds it for its whole life; the kernel drops it when the process exits,
+    /// before it is a zombie, as the real driver frees a process's memory when its device files
+    /// close at exit. `F_OFD_GETLK` asks whether another description holds it (true = held).
+    fn slot_lock(file: &std::fs::File, s: usize, cmd: libc::c_int, kind: libc::c_int) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed flock is valid; OFD locks require l_pid = 0.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = (WORDS * 8 + s) as libc::off_t;
+        fl.l_len = 1;
+        // SAFETY: fcntl on our own descriptor with a valid flock.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+        if cmd == libc::F_OFD_GETLK {
+            return r == 0 && fl.l_type != libc::F_UNLCK as libc::c_short;
+        }
+        r == 0
     }
 
     fn get() -> Option<&'static Shared> {
         SHARED.get_or_init(open).as_ref()
     }
 
-    /// Alive and not a zombie: a dead process's GPU memory is gone even before it is reaped.
-    fn alive(pid: u64) -> bool {
-        // SAFETY: kill with signal 0 only checks for existence.
-        let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
-            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        exists
-            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| {
-                    s.rsplit_once(')')
-                        .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-                })
-                .unwrap_or(false)
+    /// Whether slot `s`'s owner still runs: its lock is held (see [`slot_lock`]). Dead and
+    /// zombie processes hold none, so their memory is gone before they are reaped. One fcntl per
+    /// slot, where reading /proc/<pid>/stat under the lock made every allocation slow enough to
+    /// queue the stress tests' threads behind it.
+    fn alive(sh: &Shared, s: usize) -> bool {
+        slot_lock(&sh.file, s, libc::F_OFD_GETLK, libc::F_WRLCK)
     }
 
     /// Runs `f` under an exclusive `flock` of the file: the kernel drops it when a holder dies, so a
@@ -1227,7 +1254,7 @@ mod shared {
             if pid == 0 {
                 continue;
             }
-            if s != sh.slot && !alive(pid) {
+            if s != sh.slot && !alive(sh, s) {
                 for d in 0..DEVS {
                     slot_used(sh, s, d).store(0, SeqCst);
                 }
