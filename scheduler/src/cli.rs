@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use vgpu_core::placement::Policy;
+use vgpu_core::request::RequestPolicy;
+use vgpu_core::resources::ResourceNames;
 use vgpu_serve::parse_duration;
 use vgpu_serve::tls::ClientAuth;
 use vgpu_serve::Limits;
@@ -75,6 +77,34 @@ pub struct Cli {
     #[arg(long, env = "VGPU_SCHEDULER_IDLE_TIMEOUT", default_value = "90s",
         value_parser = parse_duration)]
     pub idle_timeout: Duration,
+    /// Resource name of the vGPU count (the webhook's `resourceNames.gpu`).
+    #[arg(
+        long,
+        env = "VGPU_SCHEDULER_RESOURCE_GPU",
+        default_value = "nvidia.com/gpu"
+    )]
+    pub resource_gpu: String,
+    /// Resource name of the memory per vGPU in MiB (`resourceNames.gpumem`).
+    #[arg(
+        long,
+        env = "VGPU_SCHEDULER_RESOURCE_GPUMEM",
+        default_value = "nvidia.com/gpumem"
+    )]
+    pub resource_gpumem: String,
+    /// Resource name of the memory per vGPU as a percentage of the card (`resourceNames.gpumemPercentage`).
+    #[arg(
+        long,
+        env = "VGPU_SCHEDULER_RESOURCE_GPUMEM_PERCENTAGE",
+        default_value = "nvidia.com/gpumem-percentage"
+    )]
+    pub resource_gpumem_percentage: String,
+    /// Resource name of the share of the card's SMs (`resourceNames.gpucores`).
+    #[arg(
+        long,
+        env = "VGPU_SCHEDULER_RESOURCE_GPUCORES",
+        default_value = "nvidia.com/gpucores"
+    )]
+    pub resource_gpucores: String,
     /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -97,7 +127,15 @@ impl Cli {
             heartbeat_timeout: Duration::from_secs(self.heartbeat_timeout_seconds),
             assume_ttl: Duration::from_secs(self.assume_ttl_seconds),
             scheduler_name: self.scheduler_name.clone(),
-            ..Settings::default()
+            request_policy: RequestPolicy {
+                names: ResourceNames {
+                    gpu: self.resource_gpu.clone(),
+                    gpumem: self.resource_gpumem.clone(),
+                    gpumem_percentage: self.resource_gpumem_percentage.clone(),
+                    gpucores: self.resource_gpucores.clone(),
+                },
+                ..RequestPolicy::default()
+            },
         }
     }
 }
@@ -171,6 +209,7 @@ mod tests {
             (s.node_policy, s.gpu_policy),
             (Policy::Binpack, Policy::Spread)
         );
+        assert_eq!(s.request_policy, RequestPolicy::default());
         assert_eq!(cli.tls(), None);
         let (api, metrics) = cli.limits();
         assert_eq!(api.header_read_timeout, Duration::from_secs(10));
@@ -180,6 +219,29 @@ mod tests {
         assert!(
             e.to_string().contains("is not one of binpack, spread"),
             "{e}"
+        );
+    }
+
+    /// Renamed resources (the chart passes its resourceName values) reach the request parser.
+    #[test]
+    fn renamed_resources_reach_the_request_policy() {
+        let cli = Cli::try_parse_from([
+            "vgpu-scheduler",
+            "--resource-gpu=example.com/vgpu",
+            "--resource-gpumem=example.com/vgpu-memory",
+            "--resource-gpumem-percentage=example.com/vgpu-memory-percentage",
+            "--resource-gpucores=example.com/vgpu-cores",
+        ])
+        .unwrap();
+        let names = cli.settings().request_policy.names;
+        assert_eq!(
+            names,
+            ResourceNames {
+                gpu: "example.com/vgpu".into(),
+                gpumem: "example.com/vgpu-memory".into(),
+                gpumem_percentage: "example.com/vgpu-memory-percentage".into(),
+                gpucores: "example.com/vgpu-cores".into(),
+            }
         );
     }
 }

@@ -232,16 +232,49 @@ fn check_common(chart: &Chart) {
                 );
             }
         }
-        for c in tmpl["spec"]["containers"].as_array().into_iter().flatten() {
+        // SECURITY.md: no privileged container, no privilege escalation, every capability
+        // dropped, read-only root filesystems, RuntimeDefault seccomp, non-root except the
+        // device plugin (it writes the kubelet's device-plugin directory). Init containers too.
+        let pod = &tmpl["spec"];
+        let containers = pod["containers"].as_array().into_iter().flatten();
+        let inits = pod["initContainers"].as_array().into_iter().flatten();
+        for c in containers.chain(inits) {
+            let sc = &c["securityContext"];
+            let cname = &c["name"];
             assert_eq!(
-                c["securityContext"]["allowPrivilegeEscalation"], false,
-                "{name}/{}: privilege escalation allowed",
-                c["name"]
+                sc["allowPrivilegeEscalation"], false,
+                "{name}/{cname}: privilege escalation allowed"
             );
-            assert_ne!(
-                c["securityContext"]["privileged"], true,
-                "{name}: privileged"
+            assert_ne!(sc["privileged"], true, "{name}/{cname}: privileged");
+            assert!(
+                sc["capabilities"]["drop"]
+                    .as_array()
+                    .is_some_and(|d| d.contains(&json!("ALL"))),
+                "{name}/{cname}: capabilities not all dropped"
             );
+            assert_eq!(
+                sc["readOnlyRootFilesystem"], true,
+                "{name}/{cname}: writable root filesystem"
+            );
+            let either = |key: &str| {
+                if sc[key].is_null() {
+                    pod["securityContext"][key].clone()
+                } else {
+                    sc[key].clone()
+                }
+            };
+            assert_eq!(
+                either("seccompProfile")["type"],
+                "RuntimeDefault",
+                "{name}/{cname}: no RuntimeDefault seccomp profile"
+            );
+            if name != "vgpu-device-plugin" {
+                assert_eq!(
+                    either("runAsNonRoot"),
+                    true,
+                    "{name}/{cname}: may run as root"
+                );
+            }
         }
     }
     for s in chart.all("Service") {
@@ -623,7 +656,34 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     let ds = chart.get("DaemonSet", "vgpu-device-plugin");
     assert_eq!(ds["spec"]["template"]["spec"]["nodeSelector"]["gpu"], "on");
     let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
-    assert_eq!(ks["image"], format!("kube-scheduler:v{KUBE_VERSION}"));
+    assert_eq!(
+        ks["image"],
+        format!("registry.k8s.io/kube-scheduler:v{KUBE_VERSION}")
+    );
+    // The webhook pods get the serving pair, not the CA key the Job's Secret also holds.
+    let webhook_pod = &chart.get("Deployment", "vgpu-webhook")["spec"]["template"]["spec"];
+    let tls = volume_at(
+        webhook_pod,
+        chart.container("Deployment", "vgpu-webhook", "webhook"),
+        "/tls",
+    );
+    assert_eq!(
+        tls["secret"]["items"],
+        json!([{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}])
+    );
+    // Every pod the chart makes (the certificate Jobs and CronJob too) can pull from a private
+    // registry.
+    let pulling = Chart {
+        docs: render(&helm, &["global.imagePullSecrets[0].name=regcred"]),
+    };
+    for (w, tmpl) in pulling.workloads() {
+        assert_eq!(
+            tmpl["spec"]["imagePullSecrets"],
+            json!([{"name": "regcred"}]),
+            "{}: no imagePullSecrets",
+            w["metadata"]["name"]
+        );
+    }
     let sched_cfg: Value = serde_yaml::from_str(
         chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
             .as_str()
@@ -727,6 +787,7 @@ fn chart_renders_and_wires_up_for_every_values_set() {
                 "resourceMem=example.com/vgpu-memory",
                 "schedulerName=gpu-sharing",
                 "global.imageRegistry=mirror.example",
+                "scheduler.kubeScheduler.image.registry=mirror.example",
                 "devicePlugin.deviceSplitCount=4",
                 "scheduler.kubeScheduler.imageTag=v1.31.0",
             ],
@@ -750,6 +811,18 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     assert_eq!(ks["image"], "mirror.example/kube-scheduler:v1.31.0");
     let wh = args(chart.container("Deployment", "vgpu-webhook", "webhook"));
     assert!(wh.contains(&"--scheduler-name=gpu-sharing".to_string()));
+    // The extender reads the renamed resources too (else it would see no vGPU request).
+    let ext = args(chart.container("Deployment", "vgpu-scheduler", "vgpu-scheduler"));
+    for flag in [
+        "--resource-gpu=example.com/vgpu",
+        "--resource-gpumem=example.com/vgpu-memory",
+    ] {
+        assert!(ext.contains(&flag.to_string()), "{flag} missing: {ext:?}");
+    }
+    <vgpu_scheduler::cli::Cli as clap::Parser>::try_parse_from(
+        std::iter::once("vgpu-scheduler".to_string()).chain(ext.iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("the extender refuses the chart's arguments: {e}"));
 }
 
 /// A container's volume mounted at `path`, resolved to its volume in the pod spec.

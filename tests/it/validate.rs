@@ -430,7 +430,7 @@ async fn only_the_vgpu_service_accounts_may_change_the_assignment_or_the_label_a
     assert_eq!(r["status"]["code"], 403);
     assert_eq!(
         r["status"]["message"],
-        "vgpu policy: annotation vgpu.io/assignment is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)"
+        "vgpu policy: annotation vgpu.io/assignment is written only by the vgpu scheduler and device plugin (system:serviceaccount:vgpu-system:vgpu-scheduler); \"alice\" may not change it (rule denyReservedAnnotations, policy.annotationWriters)"
     );
     assert_eq!(
         update(&assigned, &old, "alice", false).await["allowed"],
@@ -442,7 +442,7 @@ async fn only_the_vgpu_service_accounts_may_change_the_assignment_or_the_label_a
     let r = update(&assigned, &unlabelled, "alice", true).await;
     assert_eq!(
         r["status"]["message"],
-        "vgpu policy: label vgpu.io/managed is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)"
+        "vgpu policy: label vgpu.io/managed is written only by the vgpu scheduler and device plugin (system:serviceaccount:vgpu-system:vgpu-scheduler); \"alice\" may not change it (rule denyReservedAnnotations, policy.annotationWriters)"
     );
     // Other labels and annotations stay the tenant's.
     let mut relabelled = assigned.clone();

@@ -94,6 +94,10 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 spec:
   serviceAccountName: {{ index . 1 }}
   restartPolicy: OnFailure
+  {{- with $root.Values.global.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   securityContext:
     {{- toYaml (index . 5) | nindent 4 }}
   initContainers:

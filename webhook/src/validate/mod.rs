@@ -93,6 +93,7 @@ struct Admissible<'r> {
 impl Validator {
     /// A validator without API access: policy rules only, no quota (nothing is known about quotas).
     pub fn offline(settings: ValidateSettings, metrics: Arc<Metrics>) -> Validator {
+        warn_if_update_rule_is_off(&settings);
         Validator {
             settings,
             cache: Arc::new(ClusterCache::default()),
@@ -109,6 +110,7 @@ impl Validator {
         client: kube::Client,
         metrics: Arc<Metrics>,
     ) -> Validator {
+        warn_if_update_rule_is_off(&settings);
         let cache = Arc::new(ClusterCache::default());
         cache::spawn_watchers(client.clone(), cache.clone(), settings.policy.clone());
         Validator {
@@ -518,6 +520,13 @@ impl Validator {
 
 /// Writes the ledger: create when it did not exist, else replace with the resourceVersion read
 /// (the compare-and-swap).
+/// Says at start that pod UPDATEs are not checked when no annotation writers are configured.
+fn warn_if_update_rule_is_off(settings: &ValidateSettings) {
+    if settings.rules.deny_reserved_annotations && !policy::update_rule_enforced(&settings.rules) {
+        tracing::warn!("policy.annotationWriters is empty: pod UPDATEs that change vgpu.io/assignment, vgpu.io/allocated or the vgpu.io/managed label are not refused; list the scheduler's and the device plugin's ServiceAccounts (system:serviceaccount:<namespace>:<name>) to refuse them");
+    }
+}
+
 /// The request's namespace, else the object's.
 fn namespace_of(request: &AdmissionRequest, pod: &Value) -> String {
     request

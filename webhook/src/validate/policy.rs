@@ -196,7 +196,9 @@ pub fn check_update(
     username: &str,
     rules: &PolicyRules,
 ) -> Result<(), Violation> {
-    if !rules.deny_reserved_annotations || rules.annotation_writers.iter().any(|w| w == username) {
+    // No writers configured: the webhook cannot tell the scheduler from a tenant, and refusing
+    // everyone would refuse every bind; the rule is then off at UPDATE (warned at start).
+    if !update_rule_enforced(rules) || rules.annotation_writers.iter().any(|w| w == username) {
         return Ok(());
     }
     let field = |pod: &Value, map: &str, key: &str| {
@@ -216,10 +218,16 @@ pub fn check_update(
         Some(what) => Err(Violation {
             rule: "denyReservedAnnotations",
             message: format!(
-                "vgpu policy: {what} is written only by the vgpu scheduler and device plugin; {username:?} may not change it (rule denyReservedAnnotations)"
+                "vgpu policy: {what} is written only by the vgpu scheduler and device plugin ({writers}); {username:?} may not change it (rule denyReservedAnnotations, policy.annotationWriters)",
+                writers = rules.annotation_writers.join(", ")
             ),
         }),
     }
+}
+
+/// Whether [`check_update`] refuses anything: the rule is on and its writers are named.
+pub fn update_rule_enforced(rules: &PolicyRules) -> bool {
+    rules.deny_reserved_annotations && !rules.annotation_writers.is_empty()
 }
 
 /// Whether mounting at `mount` covers `protected` or lies inside it.
@@ -411,7 +419,7 @@ mod tests {
             assert_eq!(v.rule, "denyReservedAnnotations");
             assert_eq!(
                 v.message,
-                format!("vgpu policy: {what} is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)")
+                format!("vgpu policy: {what} is written only by the vgpu scheduler and device plugin (system:serviceaccount:vgpu:sched); \"alice\" may not change it (rule denyReservedAnnotations, policy.annotationWriters)")
             );
             assert_eq!(
                 check_update(&old, &new, "system:serviceaccount:vgpu:sched", &rules),
@@ -422,6 +430,12 @@ mod tests {
                 ..PolicyRules::default()
             };
             assert_eq!(check_update(&old, &new, tenant, &off), Ok(()));
+            // Without writers the rule cannot tell the scheduler from a tenant: off at UPDATE.
+            assert_eq!(
+                check_update(&old, &new, tenant, &PolicyRules::default()),
+                Ok(())
+            );
+            assert!(!update_rule_enforced(&PolicyRules::default()));
         }
     }
 }
