@@ -195,8 +195,16 @@ impl<'a> Ledger<'a> {
                 return false;
             }
         }
-        self.w(s, slot::PEAK + dev).fetch_max(mine, SeqCst);
-        self.words[header::CONTAINER_PEAK + dev].fetch_max(container, SeqCst);
+        // Peaks only grow: a read first skips the read-modify-write (on the container's peak, a
+        // word every process writes) unless this is a new peak.
+        for (word, v) in [
+            (self.w(s, slot::PEAK + dev), mine),
+            (&self.words[header::CONTAINER_PEAK + dev], container),
+        ] {
+            if word.load(SeqCst) < v {
+                word.fetch_max(v, SeqCst);
+            }
+        }
         true
     }
 
@@ -209,9 +217,11 @@ impl<'a> Ledger<'a> {
         }
     }
 
-    /// Counts a kernel launch.
-    pub fn launched(&self, s: usize) {
-        self.w(s, slot::LAUNCHES).fetch_add(1, SeqCst);
+    /// Records that slot `s`'s process has launched `total` kernels so far (its threads' meters,
+    /// summed: see `crate::meter`). Never lowers the count, so a late copy of an older sum cannot
+    /// undo a newer one.
+    pub fn record_launches(&self, s: usize, total: u64) {
+        self.w(s, slot::LAUNCHES).fetch_max(total, SeqCst);
     }
 
     /// Adds time a launch waited for the core limit.
@@ -252,7 +262,8 @@ mod tests {
         assert!(!l.reserve(b, 0, 2 << 20, lim[0]));
         assert!(l.reserve(b, 0, 1 << 20, lim[0]));
         assert!(!l.reserve(b, 0, 1, lim[0]));
-        l.launched(a);
+        l.record_launches(a, 1);
+        l.record_launches(a, 0);
         let s = Snapshot::parse(&bytes(&w)).unwrap();
         assert_eq!(s.used(0), 1 << 30);
         assert_eq!(s.memory_limit[0], 1 << 30);
@@ -271,7 +282,7 @@ mod tests {
         assert!(l.reserve(a, 0, 100, Some(100)));
         let b = l.claim(11, &|_| true).unwrap();
         assert!(!l.reserve(b, 0, 1, Some(100)));
-        l.launched(a);
+        l.record_launches(a, 1);
         l.throttled(a, 5);
         assert_eq!(l.reclaim_dead(11, &|p| p != 10), 1);
         assert!(l.reserve(b, 0, 100, Some(100)));
