@@ -734,6 +734,94 @@ fn dead_processes_leave_the_file_within_a_second() {
     assert_eq!(snap.container_peak[0], 513 << 20);
 }
 
+/// Launches are counted in per-thread meters that the watcher copies into the process's slot every
+/// 50 ms and the process copies at exit (runtime-hook/src/meter.rs): with 8 threads that launch and
+/// exit (their meters are then reused), the count reaches the file while the process still runs
+/// (well within 1 s), it is exact once the process has exited, and a fork()ed child counts only
+/// its own launches, with and without a core limit.
+#[test]
+fn launch_counts_are_exact_across_threads_forks_and_exits() {
+    for limit in ["0", "50"] {
+        let env = setup();
+        let vars = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_SM_LIMIT", limit),
+        ];
+        let read = || {
+            std::fs::read(env.cache())
+                .ok()
+                .and_then(|b| Snapshot::parse(&b).ok())
+        };
+        let mut running = env
+            .command(
+                &vars,
+                &[
+                    "direct",
+                    "init",
+                    "ctx:0",
+                    "tlaunch:8:1000",
+                    "tlaunch:8:1000",
+                    "launch:5",
+                    "hold:30000",
+                ],
+            )
+            .spawn()
+            .unwrap();
+        let launched = std::time::Instant::now();
+        let snap = vgpu_tests::wait_for(
+            std::time::Duration::from_secs(10),
+            "the running process's launches in the file",
+            || read().filter(|s| s.launches() == 16_005),
+        );
+        let took = launched.elapsed();
+        assert_eq!(
+            running.try_wait().unwrap(),
+            None,
+            "limit {limit}: the process ended early"
+        );
+        running.kill().unwrap();
+        running.wait().unwrap();
+        assert_eq!(snap.processes.len(), 1, "limit {limit}: {snap:?}");
+        // The probe's launches take well under a second even on a loaded machine; the copy comes
+        // at most one 50 ms period after them.
+        assert!(
+            took < std::time::Duration::from_secs(3),
+            "limit {limit}: the launch count reached the file after {took:?}"
+        );
+
+        let env = setup();
+        let (out, _) = env.run(
+            &vars,
+            &[
+                "direct",
+                "init",
+                "ctx:0",
+                "launch:5",
+                "tlaunch:4:250",
+                "forklaunch:7",
+                "launch:2",
+                "count",
+            ],
+        );
+        assert_eq!(
+            out[2..],
+            [
+                "launch ok 5",
+                "tlaunch ok 1000",
+                "child launch ok 7",
+                "child exited 0",
+                "launch ok 2",
+                "driver launches 1007",
+            ],
+            "limit {limit}"
+        );
+        // Both processes have exited; each counted its own launches (the child did not inherit the
+        // parent's 1005), and the exit copies made the totals exact.
+        let snap = env.snapshot();
+        assert_eq!(snap.launches(), 1014, "limit {limit}: {snap:?}");
+    }
+}
+
 /// In a container the device plugin mounts a read-only limits file next to the library. Its
 /// limits hold whatever the process's environment says (a ConfigMap behind `envFrom`, or a shell
 /// `export` inside the container), the accounting file it names is the one used, and a damaged
