@@ -2,8 +2,8 @@
 //! driver vs. through libvgpu.so's exports, in one process and one run. The bench runs itself once
 //! per hook configuration (the hook reads its configuration once per process) and per hook build
 //! given (pass two `.so` paths to compare builds under the same load); each child pins itself to
-//! one CPU, measures the direct calls and the hooked calls alternately for nine rounds and reports
-//! the medians.
+//! one CPU, measures the direct calls and the hooked calls alternately in 101 short rounds of
+//! thread CPU time, and reports the best round of each and the median difference.
 //!
 //! ```text
 //! cargo build --release -p vgpu-runtime-hook -p fake_cuda -p fake_nvml_util
@@ -45,15 +45,26 @@ unsafe fn sym<T>(h: *mut c_void, name: &str) -> T {
     unsafe { std::mem::transmute_copy(&p) }
 }
 
+/// The calling thread's CPU time in ns: time the thread was descheduled (the machine is shared)
+/// does not count.
+fn cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 fn per_call(n: u64, mut f: impl FnMut()) -> f64 {
     for _ in 0..n / 10 {
         f();
     }
-    let t = Instant::now();
+    let t = cpu_ns();
     for _ in 0..n {
         f();
     }
-    t.elapsed().as_nanos() as f64 / n as f64
+    (cpu_ns() - t) as f64 / n as f64
 }
 
 /// A hook configuration, run in its own process: (name, extra environment, needs the fake NVML).
@@ -78,9 +89,10 @@ const VARIANTS: &[Variant] = &[
 ];
 
 /// Rounds each child measures, alternating direct and hooked calls (each round: `CALLS` launches,
-/// `CALLS / 4` alloc+free pairs, after a warm-up of a tenth of that).
-const ROUNDS: usize = 9;
-const CALLS: u64 = 1_000_000;
+/// `CALLS / 4` alloc+free pairs, after a warm-up of a tenth of that). Rounds are short (a few ms,
+/// under one scheduler time slice) and many, so the best ones ran undisturbed on a shared machine.
+const ROUNDS: usize = 101;
+const CALLS: u64 = 100_000;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -100,16 +112,18 @@ fn main() {
     let nvml = std::env::var("VGPU_BENCH_NVML").ok();
     let lib_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     println!(
-        "{:<22} {:>4} | {:>7} {:>7} {:>6} {:>5} | {:>7} {:>7} {:>6} {:>5}",
+        "{:<22} {:>4} | {:>6} {:>6} {:>6} {:>6} {:>5} | {:>6} {:>6} {:>6} {:>6} {:>5}",
         "hook configuration",
         "hook",
         "launch",
         "direct",
         "added",
+        "a.med",
         "ratio",
-        "alloc+f",
+        "alloc",
         "direct",
         "added",
+        "a.med",
         "ratio"
     );
     for (name, vars, needs_nvml) in VARIANTS {
@@ -136,17 +150,20 @@ fn main() {
                 .split_whitespace()
                 .map(|w| w.parse().unwrap())
                 .collect();
-            let (hl, dl, al, ha, da, aa) = (v[0], v[1], v[2], v[3], v[4], v[5]);
+            let (hl, dl, ml, ha, da, ma) = (v[0], v[1], v[2], v[3], v[4], v[5]);
             println!(
-                "{name:<22} {i:>4} | {hl:>7.1} {dl:>7.1} {al:>6.1} {:>5.2} | {ha:>7.1} {da:>7.1} {aa:>6.1} {:>5.2}",
+                "{name:<22} {i:>4} | {hl:>6.1} {dl:>6.1} {:>6.1} {ml:>6.1} {:>5.2} | {ha:>6.1} {da:>6.1} {:>6.1} {ma:>6.1} {:>5.2}",
+                hl - dl,
                 hl / dl,
+                ha - da,
                 ha / da
             );
         }
     }
     println!(
-        "(ns per launch / per alloc+free pair, medians of {ROUNDS} rounds; added = median of the rounds' \
-         hooked - direct; ratio = hooked / direct, same process)"
+        "(thread CPU ns per launch / per alloc+free pair, best of {ROUNDS} alternating rounds; added = \
+         best hooked - best direct; a.med = median over the rounds of hooked - direct; ratio = best \
+         hooked / best direct, same process)"
     );
 }
 
@@ -167,8 +184,8 @@ fn pin() {
     }
 }
 
-/// Measures one configuration; prints the medians "hooked_launch direct_launch added_launch
-/// hooked_alloc direct_alloc added_alloc".
+/// Measures one configuration; prints "best_hooked_launch best_direct_launch median_added_launch
+/// best_hooked_alloc best_direct_alloc median_added_alloc".
 fn child(hook_path: &str, name: &str) {
     pin();
     unsafe {
@@ -211,7 +228,7 @@ fn child(hook_path: &str, name: &str) {
             }
             rounds.push(r);
         }
-        let col = |i: usize| median(rounds.iter().map(|r| r[i]).collect());
+        let col = |i: usize| rounds.iter().map(|r| r[i]).fold(f64::MAX, f64::min);
         let added = |i: usize| median(rounds.iter().map(|r| r[i] - r[i + 1]).collect());
         println!(
             "{} {} {} {} {} {}",
