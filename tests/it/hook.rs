@@ -357,14 +357,32 @@ fn sigkill_storms_under_concurrency_never_pass_the_limit() {
             .ok()
             .and_then(|b| Snapshot::parse(&b).ok())
     };
+    let mut polls = 0u32;
     let snap = vgpu_tests::wait_for(
         std::time::Duration::from_secs(10),
         "the killed processes' slots to be reclaimed",
         || {
-            read().filter(|s| {
-                s.processes.len() == survivor_pids.len()
-                    && s.processes.iter().all(|p| survivor_pids.contains(&p.pid))
-            })
+            let s = read()?;
+            polls += 1;
+            if polls.is_multiple_of(200) {
+                // Shown if the wait times out: which slots stay, and whether their pid exists (a
+                // pid the machine reused for another process keeps its slot, by design).
+                let left: Vec<(u32, bool)> = s
+                    .processes
+                    .iter()
+                    .filter(|p| !survivor_pids.contains(&p.pid))
+                    .map(|p| {
+                        (
+                            p.pid,
+                            std::path::Path::new(&format!("/proc/{}", p.pid)).exists(),
+                        )
+                    })
+                    .collect();
+                eprintln!("slots left (pid, exists): {left:?}");
+            }
+            (s.processes.len() == survivor_pids.len()
+                && s.processes.iter().all(|p| survivor_pids.contains(&p.pid)))
+            .then_some(s)
         },
     );
     let took = last_kill.elapsed();
