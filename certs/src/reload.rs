@@ -137,15 +137,27 @@ impl ReloadingCert {
     pub fn watch(self: &Arc<Self>) -> Result<CertWatcher, ReloadError> {
         use notify::Watcher;
         let me = Arc::clone(self);
+        // One directory change is often several events (a Secret volume swaps `..data` in three
+        // steps; a deleted directory sends one per file): warn once per distinct failure.
+        let mut repeats = RepeatFilter::default();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_err() {
-                tracing::warn!(error = ?event.err(), "certificate watch error; keeping the current certificate");
+            if let Err(e) = event {
+                if repeats.first(&e.to_string()) {
+                    tracing::warn!(error = %e, "certificate watch error; keeping the current certificate");
+                }
                 return;
             }
             match me.reload() {
-                Ok(true) => tracing::info!(cert = %me.cert_path.display(), generation = me.generation(), "serving a new certificate"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "new certificate refused; the current one keeps serving"),
+                Ok(true) => {
+                    repeats.clear();
+                    tracing::info!(cert = %me.cert_path.display(), generation = me.generation(), "serving a new certificate")
+                }
+                Ok(false) => repeats.clear(),
+                Err(e) => {
+                    if repeats.first(&e.to_string()) {
+                        tracing::warn!(error = %e, "new certificate refused; the current one keeps serving")
+                    }
+                }
             }
         })
         .map_err(|source| ReloadError::Watch { path: self.cert_path.clone(), source })?;
@@ -183,6 +195,28 @@ impl ResolvesServerCert for ReloadingCert {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
         )
+    }
+}
+
+/// Remembers the last failure reported, so a failure repeated by a burst of events is reported
+/// once; a success clears it.
+#[derive(Debug, Default)]
+struct RepeatFilter {
+    last: Option<String>,
+}
+
+impl RepeatFilter {
+    /// Whether `failure` differs from the last one reported (and records it).
+    fn first(&mut self, failure: &str) -> bool {
+        if self.last.as_deref() == Some(failure) {
+            return false;
+        }
+        self.last = Some(failure.to_string());
+        true
+    }
+
+    fn clear(&mut self) {
+        self.last = None;
     }
 }
 
@@ -231,6 +265,17 @@ mod tests {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    #[test]
+    fn a_repeated_failure_is_reported_once_until_a_success() {
+        let mut f = RepeatFilter::default();
+        assert!(f.first("no such file: tls.crt"));
+        assert!(!f.first("no such file: tls.crt"));
+        assert!(f.first("key does not match"));
+        assert!(f.first("no such file: tls.crt"));
+        f.clear();
+        assert!(f.first("no such file: tls.crt"));
     }
 
     #[test]

@@ -93,4 +93,23 @@ mod tests {
         assert!(PodAssignment::decode(r#"{"version":1}"#).is_err());
         assert!(PodAssignment::decode("[]").is_err());
     }
+
+    proptest::proptest! {
+        /// Whatever the scheduler writes, the device plugin reads back the same.
+        #[test]
+        fn any_assignment_round_trips(node in "\\PC{0,12}", containers in proptest::collection::vec(
+            ("\\PC{0,8}", proptest::collection::vec(
+                ("\\PC{0,12}", proptest::num::u64::ANY, proptest::num::u32::ANY), 0..4)),
+            0..4)) {
+            let a = PodAssignment::new(node, containers.into_iter().map(|(name, devices)| {
+                ContainerAssignment {
+                    name,
+                    devices: devices.into_iter().map(|(uuid, memory_mib, cores)| DeviceSlice {
+                        uuid, memory_mib, cores,
+                    }).collect(),
+                }
+            }).collect());
+            proptest::prop_assert_eq!(PodAssignment::decode(&a.encode()).ok(), Some(a));
+        }
+    }
 }

@@ -93,4 +93,26 @@ mod tests {
             "{e}"
         );
     }
+
+    proptest::proptest! {
+        /// Whatever the device plugin writes, the scheduler reads back the same.
+        #[test]
+        fn any_inventory_round_trips(devices in proptest::collection::vec(
+            ("\\PC{0,12}", proptest::num::u32::ANY, "\\PC{0,12}", proptest::num::u64::ANY,
+             proptest::num::u32::ANY, proptest::num::u32::ANY,
+             proptest::option::of(proptest::num::u32::ANY), proptest::bool::ANY, "\\PC{0,6}"),
+            0..5)) {
+            let inv = NodeInventory::new(devices.into_iter().map(
+                |(uuid, index, model, memory_mib, cores, split, numa, healthy, vendor)| DeviceInfo {
+                    uuid, index, model, memory_mib, cores, split, numa, healthy, vendor,
+                }).collect());
+            proptest::prop_assert_eq!(NodeInventory::decode(&inv.encode()).ok(), Some(inv));
+        }
+
+        /// Any text decodes or errors, never panics.
+        #[test]
+        fn any_text_decodes_or_errors(s in "\\PC{0,64}") {
+            let _ = NodeInventory::decode(&s);
+        }
+    }
 }

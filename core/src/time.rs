@@ -36,7 +36,8 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, TimestampError> {
     {
         return Err(bad());
     }
-    let tail = &s[19..];
+    // `get`, not slicing: byte 19 may fall inside a multi-byte character (found by fuzzing).
+    let tail = s.get(19..).ok_or_else(bad)?;
     let tail = tail.strip_prefix('.').map_or(Some(tail), |f| {
         f.trim_start_matches(|c: char| c.is_ascii_digit()).into()
     });
@@ -109,6 +110,9 @@ mod tests {
             "2026-12-02T18:46:27+01:00",
             "2026-12-02T18:46:27",
             "x026-12-02T18:46:27Z",
+            // A multi-byte character across byte 19, where the seconds end.
+            "2026-12-02T18:46:0\u{e9}Z",
+            "2026-12-02T18:46:\u{20ac}Z",
         ] {
             assert!(parse_rfc3339(bad).is_err(), "{bad}");
         }
@@ -118,6 +122,22 @@ mod tests {
     fn round_trips_across_years() {
         for t in (0..4_102_444_800u64).step_by(86_399 * 37) {
             assert_eq!(parse_rfc3339(&format_rfc3339(t)), Ok(t));
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text parses or errors (never panics), and what parses formats back to the same instant.
+        #[test]
+        fn any_text_parses_or_errors(s in "[0-9T:Z.-]{0,4}\\PC{0,26}") {
+            if let Ok(t) = parse_rfc3339(&s) {
+                proptest::prop_assert_eq!(parse_rfc3339(&format_rfc3339(t)), Ok(t));
+            }
+        }
+
+        /// Every instant up to year 9999 round trips.
+        #[test]
+        fn instants_round_trip(t in 0u64..253_402_300_800) {
+            proptest::prop_assert_eq!(parse_rfc3339(&format_rfc3339(t)), Ok(t));
         }
     }
 }

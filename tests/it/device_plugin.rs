@@ -13,6 +13,7 @@ use vgpu_core::inventory::NodeInventory;
 use vgpu_fake_apiserver::FakeApiServer;
 use vgpu_fake_kubelet::api::Device;
 use vgpu_fake_kubelet::{FakeKubelet, PluginClient};
+use vgpu_tests::net::free_port;
 use vgpu_tests::process::Running;
 
 const NODE: &str = "gpu-node-1";
@@ -32,14 +33,6 @@ struct Env {
     kubelet: FakeKubelet,
     plugin: Running,
     metrics_port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Two A100-40GB cards: GPU 0 on NUMA node 0, GPU 1 without a NUMA affinity. XIDs and NVML errors

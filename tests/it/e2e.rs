@@ -29,6 +29,7 @@ use vgpu_fake_kubelet::api::ContainerAllocateResponse;
 use vgpu_fake_kubelet::{FakeKubelet, PluginClient};
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
+use vgpu_tests::net::{addr_after, free_port, http};
 use vgpu_tests::process::{start_webhook, Running};
 
 const NS: &str = "team-a";
@@ -84,49 +85,6 @@ struct Cluster {
     probe: Probe,
     /// Last: the processes above stop before their files go.
     _tmp: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn addr_after(line: &str) -> SocketAddr {
-    line.split("addr=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-}
-
-/// One plain HTTP/1.1 request (kube-scheduler's extender client; Prometheus' scrape).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use http_body_util::{BodyExt, Full};
-    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, String::new());
-    };
-    let Ok((mut sender, conn)) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
-    else {
-        return (0, String::new());
-    };
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body.to_string())))
-        .unwrap();
-    let Ok(resp) = sender.send_request(req).await else {
-        return (0, String::new());
-    };
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Compiles the hook test program against the fake libcuda and fake NVML, as tests/it/hook.rs.
@@ -327,14 +285,8 @@ fn user_pod(ns: &str, name: &str, limits: Value) -> Value {
 }
 
 fn review(endpoint: &str, pod: &Value) -> Vec<u8> {
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": format!("{endpoint}-{}", pod["metadata"]["name"].as_str().unwrap_or("")),
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
-        "name": pod["metadata"]["name"], "dryRun": false, "object": pod}})
-    .to_string()
-    .into_bytes()
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    vgpu_tests::admission::pod_create_review(&format!("{endpoint}-{name}"), pod, false)
 }
 
 /// What kube-scheduler and the kubelet ended with for one container.

@@ -531,6 +531,10 @@ fn check_webhooks(chart: &Chart, resource: &str, mem: &str) {
         assert_eq!(w["namespaceSelector"]["matchLabels"]["vgpu"], "enabled");
         if kind.starts_with("Mutating") {
             assert_eq!(w["reinvocationPolicy"], "IfNeeded");
+            assert_eq!(w["rules"][0]["operations"], json!(["CREATE"]));
+        } else {
+            // UPDATE too: the reserved annotations and the managed label are checked there.
+            assert_eq!(w["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
         }
         let cel = w["matchConditions"][0]["expression"].as_str().unwrap();
         let limits =
@@ -662,6 +666,30 @@ fn chart_renders_and_wires_up_for_every_values_set() {
         vgpu_webhook::config::ConfigFile::parse(webhook_cfg, std::path::Path::new("config.yaml"))
             .unwrap_or_else(|e| panic!("the webhook would refuse the chart's config: {e}"));
     assert_eq!(parsed.resource_names.gpu, "nvidia.com/gpu");
+    // The writers of the reserved annotations are exactly the scheduler's and the device
+    // plugin's service accounts, as the API server names them in userInfo.
+    let writer = |sa: &str| {
+        let sa = chart.get("ServiceAccount", sa);
+        format!(
+            "system:serviceaccount:{}:{}",
+            sa["metadata"]["namespace"].as_str().unwrap(),
+            sa["metadata"]["name"].as_str().unwrap()
+        )
+    };
+    assert_eq!(
+        parsed.policy.annotation_writers,
+        vec![writer("vgpu-scheduler"), writer("vgpu-device-plugin")]
+    );
+    for (kind, name) in [
+        ("Deployment", "vgpu-scheduler"),
+        ("DaemonSet", "vgpu-device-plugin"),
+    ] {
+        let spec = &chart.get(kind, name)["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["serviceAccountName"],
+            chart.get("ServiceAccount", name)["metadata"]["name"]
+        );
+    }
 
     // cert-manager: no Jobs, cert-manager injects the CA into both configurations.
     let chart = Chart {

@@ -16,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vgpu_fake_apiserver::FakeApiServer;
 use vgpu_tests::certs::{presenting, TestPki};
 use vgpu_tests::https;
+use vgpu_tests::net::addr_after;
 use vgpu_tests::process::Running;
 
 /// Short limits, so each timeout shows within seconds.
@@ -80,14 +81,6 @@ impl Target {
 fn http1_only(mut cfg: rustls::ClientConfig) -> rustls::ClientConfig {
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     cfg
-}
-
-fn addr_after(line: &str) -> SocketAddr {
-    line.split("addr=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
 }
 
 /// Starts `kind` with a fresh certificate in `cert_dir` (or a new temp dir) and `extra` flags.

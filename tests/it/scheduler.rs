@@ -16,6 +16,7 @@ use vgpu_core::assignment::PodAssignment;
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
 use vgpu_core::time::format_rfc3339;
 use vgpu_fake_apiserver::FakeApiServer;
+use vgpu_tests::net::{addr_after, http};
 use vgpu_tests::process::Running;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -65,14 +66,6 @@ pub(crate) struct Scheduler {
     _dir: tempfile::TempDir,
 }
 
-fn addr_after(line: &str) -> SocketAddr {
-    line.split("addr=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-}
-
 /// Starts the real binary on ephemeral ports against `api`, and waits for /readyz.
 pub(crate) async fn start(api: &FakeApiServer, extra: &[&str]) -> Scheduler {
     let dir = tempfile::tempdir().unwrap();
@@ -104,30 +97,6 @@ pub(crate) async fn start(api: &FakeApiServer, extra: &[&str]) -> Scheduler {
         metrics,
         _dir: dir,
     }
-}
-
-/// One plain HTTP/1.1 request, as kube-scheduler's extender client sends it.
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use http_body_util::{BodyExt, Full};
-    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, String::new());
-    };
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 impl Scheduler {

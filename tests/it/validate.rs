@@ -25,6 +25,16 @@ pub(crate) struct Cluster {
 
 /// A fake API server holding `objects`, and `replicas` webhooks connected to it, ready.
 pub(crate) async fn cluster(objects: Vec<Value>, replicas: usize, ttl_secs: u64) -> Cluster {
+    cluster_with(objects, replicas, ttl_secs, &[]).await
+}
+
+/// [`cluster`] with more webhook flags.
+pub(crate) async fn cluster_with(
+    objects: Vec<Value>,
+    replicas: usize,
+    ttl_secs: u64,
+    extra: &[&str],
+) -> Cluster {
     let api = FakeApiServer::start().await.unwrap();
     for o in objects {
         api.create(o).unwrap();
@@ -49,7 +59,10 @@ pub(crate) async fn cluster(objects: Vec<Value>, replicas: usize, ttl_secs: u64)
                 LEDGER_NS,
                 "--reservation-ttl",
                 &ttl,
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
         ));
     }
     for (_, addr) in &webhooks {
@@ -90,14 +103,8 @@ pub(crate) fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
 }
 
 pub(crate) fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": format!("review-{}", pod["metadata"]["name"].as_str().unwrap_or("")),
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
-        "name": pod["metadata"]["name"], "dryRun": dry_run, "object": pod}})
-    .to_string()
-    .into_bytes()
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    vgpu_tests::admission::pod_create_review(&format!("review-{name}"), pod, dry_run)
 }
 
 impl Cluster {
@@ -376,6 +383,84 @@ async fn policy_violations_are_refused_with_an_event_on_the_controller_and_dry_r
         true
     );
     assert_eq!(c.ledger().len(), 1);
+}
+
+/// The scheduler's assignment is what the device plugin hands out and what quota and placement
+/// count; the managed label is how every cache finds the pod. A tenant with pod update rights
+/// may change neither; the configured writers (the scheduler's and the device plugin's service
+/// accounts) may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_vgpu_service_accounts_may_change_the_assignment_or_the_label_at_update() {
+    const SCHEDULER: &str = "system:serviceaccount:vgpu-system:vgpu-scheduler";
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!("policy:\n  annotationWriters: [\"{SCHEDULER}\"]\n"),
+    )
+    .unwrap();
+    let c = cluster_with(vec![], 1, 60, &["--config", config.to_str().unwrap()]).await;
+    let mut old = gpu_pod("train", 1, 4096);
+    old["metadata"]["labels"] = json!({"vgpu.io/managed": "true", "app": "train"});
+    let assigned = {
+        let mut p = old.clone();
+        p["metadata"]["annotations"] =
+            json!({"vgpu.io/assignment": r#"{"v":1,"node":"n","containers":{}}"#});
+        p
+    };
+    let update = |old: &Value, new: &Value, user: &str, dry_run: bool| {
+        let body = vgpu_tests::admission::pod_update_review("u-1", old, new, user, dry_run);
+        let (addr, tls) = (c.webhooks[0].1, c.tls.clone());
+        async move {
+            let r = https::request(addr, tls, "POST", "/validate", body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            r.json()["response"].clone()
+        }
+    };
+    // The scheduler writes the assignment at bind.
+    assert_eq!(
+        update(&old, &assigned, SCHEDULER, false).await["allowed"],
+        true
+    );
+    // A tenant may not forge it, change it, or drop it...
+    let r = update(&old, &assigned, "alice", false).await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    assert_eq!(
+        r["status"]["message"],
+        "vgpu policy: annotation vgpu.io/assignment is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)"
+    );
+    assert_eq!(
+        update(&assigned, &old, "alice", false).await["allowed"],
+        false
+    );
+    // ...nor remove the label that makes its usage count.
+    let mut unlabelled = assigned.clone();
+    unlabelled["metadata"]["labels"] = json!({"app": "train"});
+    let r = update(&assigned, &unlabelled, "alice", true).await;
+    assert_eq!(
+        r["status"]["message"],
+        "vgpu policy: label vgpu.io/managed is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)"
+    );
+    // Other labels and annotations stay the tenant's.
+    let mut relabelled = assigned.clone();
+    relabelled["metadata"]["labels"]["app"] = json!("eval");
+    relabelled["metadata"]["annotations"]["team"] = json!("a");
+    assert_eq!(
+        update(&assigned, &relabelled, "alice", false).await["allowed"],
+        true
+    );
+    // Two refusals, two occurrences of one Event (the dry run left none).
+    assert_eq!(
+        c.wait_for_events(2).await,
+        vec![(
+            format!("Namespace/{NS}"),
+            "VGPUPolicyViolation".to_string(),
+            2
+        )]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,10 @@
 //! crates beside this one so that each can be loaded the way the real thing is (a cdylib through
 //! `dlopen`, a server on a socket).
 
+pub mod admission;
 pub mod certs;
 pub mod https;
+pub mod net;
 pub mod process;
 
 use std::path::{Path, PathBuf};

@@ -93,6 +93,20 @@ pub struct AdmissionRequest<O = Value> {
     /// Whether this is a dry run (no side effects allowed).
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// The object as it was before an UPDATE (absent for CREATE).
+    #[serde(default = "none")]
+    pub old_object: Option<O>,
+    /// Who made the request, as the API server authenticated them.
+    #[serde(default)]
+    pub user_info: UserInfo,
+}
+
+/// authentication.k8s.io/v1 UserInfo of the requester (only what we read).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct UserInfo {
+    /// The user name, e.g. `system:serviceaccount:vgpu-system:vgpu-scheduler`.
+    #[serde(default)]
+    pub username: String,
 }
 
 fn none<O>() -> Option<O> {
@@ -136,6 +150,8 @@ impl AdmissionRequest {
                 operation: r.operation,
                 object: r.object.map(|p| p.0),
                 dry_run: r.dry_run,
+                old_object: r.old_object.map(|p| p.0),
+                user_info: r.user_info,
             }),
             Err(_) => read_review(body),
         }

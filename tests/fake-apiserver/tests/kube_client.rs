@@ -178,6 +178,17 @@ fn spawn_watcher(pods: Api<Pod>) -> Events {
     rx
 }
 
+/// A watcher past its initial list, with its watch open on the server.
+async fn synced_watcher(api: &FakeApiServer, pods: Api<Pod>) -> Events {
+    let mut w = spawn_watcher(pods);
+    while !matches!(
+        next_event(&mut w, Duration::from_secs(10)).await,
+        Ok(watcher::Event::InitDone)
+    ) {}
+    vgpu_tests_wait(|| api.watch_count() == 1).await;
+    w
+}
+
 /// Next event within `t`, panicking on a timeout or the end of the stream.
 async fn next_event(w: &mut Events, t: Duration) -> Result<watcher::Event<Pod>, watcher::Error> {
     tokio::time::timeout(t, w.recv())
@@ -194,12 +205,7 @@ async fn dropped_watch_is_resumed_from_its_version_without_a_relist() {
     let api = FakeApiServer::start().await.unwrap();
     let (c, _d) = client(&api).await;
     let pods: Api<Pod> = Api::namespaced(c, "a");
-    let mut w = spawn_watcher(pods.clone());
-    while !matches!(
-        next_event(&mut w, Duration::from_secs(10)).await,
-        Ok(watcher::Event::InitDone)
-    ) {}
-    vgpu_tests_wait(|| api.watch_count() == 1).await;
+    let mut w = synced_watcher(&api, pods.clone()).await;
     api.drop_watches();
     pods.create(&PostParams::default(), &pod("after-drop", json!({})))
         .await
@@ -267,12 +273,7 @@ async fn expired_watch_is_an_error_event_410_and_the_watcher_relists() {
     let api = FakeApiServer::start().await.unwrap();
     let (c, _d) = client(&api).await;
     let pods: Api<Pod> = Api::namespaced(c, "a");
-    let mut w = spawn_watcher(pods.clone());
-    while !matches!(
-        next_event(&mut w, Duration::from_secs(10)).await,
-        Ok(watcher::Event::InitDone)
-    ) {}
-    vgpu_tests_wait(|| api.watch_count() == 1).await;
+    let mut w = synced_watcher(&api, pods.clone()).await;
     api.expire_next_watches(Some("/pods"), 1);
     // A clean end (as `timeoutSeconds` ends a watch): the re-watch is the one answered 410.
     api.close_watches();

@@ -16,6 +16,7 @@ pub mod usage;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use serde_json::Value;
 use std::collections::HashMap;
+use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vgpu_core::request::RequestPolicy;
@@ -81,6 +82,13 @@ impl std::fmt::Debug for Validator {
 
 /// A decision with its one-word label for logs and metrics.
 pub type Decision = (AdmissionResponse, &'static str);
+
+/// A review that passed the checks that need only the pod.
+struct Admissible<'r> {
+    pod: &'r Value,
+    namespace: String,
+    dry_run: bool,
+}
 
 impl Validator {
     /// A validator without API access: policy rules only, no quota (nothing is known about quotas).
@@ -157,55 +165,13 @@ impl Validator {
 
     /// The decision for one review.
     pub async fn decide(&self, request: &AdmissionRequest) -> Decision {
-        let allow = AdmissionResponse::allow(&request.uid);
-        let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
-        if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
-            return (allow, "skipped");
-        }
-        let Some(pod) = &request.object else {
-            return (
-                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
-                "invalid",
-            );
+        let a = match self.precheck(request) {
+            Continue(a) => a,
+            Break(d) => return d,
         };
-        let namespace = request
-            .namespace
-            .clone()
-            .or_else(|| {
-                pod.pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
-        let dry_run = request.dry_run == Some(true);
-        let containers = match policy::vgpu_containers(pod, &self.settings.policy) {
-            Ok(c) => c,
-            Err(e) => return (allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid"),
-        };
-        if containers.is_empty() {
-            return (allow, "no-vgpu");
-        }
-        let largest = self.cache.largest_card_mib();
-        if let Err(v) = policy::check(pod, true, &containers, &self.settings.rules, largest) {
-            if !dry_run {
-                let fallback = ObjectRef {
-                    api_version: "v1".into(),
-                    kind: "Namespace".into(),
-                    namespace: String::new(),
-                    name: namespace.clone(),
-                    uid: String::new(),
-                };
-                self.events.record(Rejection {
-                    namespace: namespace.clone(),
-                    regarding: events::regarding(pod, &namespace, fallback),
-                    reason: REASON_POLICY,
-                    note: v.message.clone(),
-                });
-            }
-            return (allow.deny(403, "Forbidden", v.message), "policy");
-        }
+        let namespace = &a.namespace;
         let deadline = RESERVE_DEADLINE + Duration::from_millis(500);
-        match tokio::time::timeout(deadline, self.quota(request, pod, &namespace, dry_run)).await {
+        match tokio::time::timeout(deadline, self.quota(request, a.pod, namespace, a.dry_run)).await {
             Ok(d) => d,
             Err(_) => (
                 AdmissionResponse::allow(&request.uid).deny(
@@ -216,6 +182,192 @@ impl Validator {
                 "unavailable",
             ),
         }
+    }
+
+    /// The decision for one review on a fixed snapshot, without any API call: the steps of
+    /// [`Self::decide`] with the cache's quotas and pods and `ledger` as the ledger read, as if the
+    /// API answered at once and the validator were connected. Also returns the ledger a real
+    /// admission would write (None when it writes nothing). For fuzzing and tests.
+    pub fn decide_on_snapshot(
+        &self,
+        request: &AdmissionRequest,
+        ledger: &Ledger,
+        now_ms: u64,
+    ) -> (Decision, Option<Ledger>) {
+        let a = match self.precheck(request) {
+            Continue(a) => a,
+            Break(d) => return (d, None),
+        };
+        let allow = AdmissionResponse::allow(&request.uid);
+        let quotas = self.cache.quotas(&a.namespace);
+        let incoming = match self.incoming(request, a.pod, &quotas) {
+            Continue(Some(r)) => r,
+            Continue(None) => return ((allow, "no-quota"), None),
+            Break(d) => return (d, None),
+        };
+        let pods = self.cache.pods(&a.namespace);
+        match ledger::attempt(&a.namespace, ledger, &pods, &quotas, &incoming, now_ms) {
+            Attempt::AlreadyReserved => ((allow, "reserved"), None),
+            Attempt::Exceeded(e) => (self.exceeded(request, &a, e), None),
+            Attempt::Write(_) if a.dry_run => ((allow, "reserved"), None),
+            Attempt::Write(next) => ((allow, "reserved"), Some(next)),
+        }
+    }
+
+    /// The steps before quota, which need nothing but the pod: a review that passes them goes on
+    /// to quota; the others are answered here.
+    fn precheck<'r>(&self, request: &'r AdmissionRequest) -> ControlFlow<Decision, Admissible<'r>> {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
+        if !is_pod || request.sub_resource.is_some() {
+            return Break((allow, "skipped"));
+        }
+        if request.operation == "UPDATE" {
+            return Break(self.update(request));
+        }
+        if request.operation != "CREATE" {
+            return Break((allow, "skipped"));
+        }
+        let Some(pod) = &request.object else {
+            return Break((
+                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
+                "invalid",
+            ));
+        };
+        let namespace = namespace_of(request, pod);
+        let dry_run = request.dry_run == Some(true);
+        let containers = match policy::vgpu_containers(pod, &self.settings.policy) {
+            Ok(c) => c,
+            Err(e) => return Break((allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid")),
+        };
+        if containers.is_empty() {
+            return Break((allow, "no-vgpu"));
+        }
+        let largest = self.cache.largest_card_mib();
+        if let Err(v) = policy::check(pod, true, &containers, &self.settings.rules, largest) {
+            return Break(self.policy_denial(request, pod, &namespace, dry_run, v));
+        }
+        Continue(Admissible {
+            pod,
+            namespace,
+            dry_run,
+        })
+    }
+
+    /// A Pod UPDATE: only the reserved annotations and the managed label are checked
+    /// ([`policy::check_update`]); quota does not change, as a pod's resources are immutable.
+    fn update(&self, request: &AdmissionRequest) -> Decision {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let (Some(pod), Some(old)) = (&request.object, &request.old_object) else {
+            return (
+                allow.deny(
+                    400,
+                    "BadRequest",
+                    "vgpu: an UPDATE review needs request.object and request.oldObject",
+                ),
+                "invalid",
+            );
+        };
+        let username = request.user_info.username.as_str();
+        match policy::check_update(old, pod, username, &self.settings.rules) {
+            Ok(()) => (allow, "update"),
+            Err(v) => {
+                let namespace = namespace_of(request, pod);
+                let dry_run = request.dry_run == Some(true);
+                self.policy_denial(request, pod, &namespace, dry_run, v)
+            }
+        }
+    }
+
+    /// The denial for a broken policy rule, with its Event (none for a dry run).
+    fn policy_denial(
+        &self,
+        request: &AdmissionRequest,
+        pod: &Value,
+        namespace: &str,
+        dry_run: bool,
+        v: policy::Violation,
+    ) -> Decision {
+        if !dry_run {
+            let fallback = ObjectRef {
+                api_version: "v1".into(),
+                kind: "Namespace".into(),
+                namespace: String::new(),
+                name: namespace.to_string(),
+                uid: String::new(),
+            };
+            self.events.record(Rejection {
+                namespace: namespace.to_string(),
+                regarding: events::regarding(pod, namespace, fallback),
+                reason: REASON_POLICY,
+                note: v.message.clone(),
+            });
+        }
+        (
+            AdmissionResponse::allow(&request.uid).deny(403, "Forbidden", v.message),
+            "policy",
+        )
+    }
+
+    /// The reservation the pod needs under `quotas`; None when no vGPU quota covers it.
+    fn incoming(
+        &self,
+        request: &AdmissionRequest,
+        pod: &Value,
+        quotas: &[Quota],
+    ) -> ControlFlow<Decision, Option<ledger::Reservation>> {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let largest = self.cache.largest_card_mib().unwrap_or(0);
+        let usage = match usage::pod_usage(pod, &self.settings.policy, largest) {
+            Ok(u) => u,
+            Err(e) => return Break((allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid")),
+        };
+        let applies = quotas
+            .iter()
+            .any(|q| q.unsupported.is_none() && !q.limits.is_empty() && q.covers(&usage.facts));
+        if !applies {
+            return Continue(None);
+        }
+        let uid = pod
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&request.uid);
+        Continue(Some(ledger::reservation(
+            uid,
+            request.object_name(),
+            usage,
+            self.settings.reservation_ttl,
+        )))
+    }
+
+    /// The denial for a quota the pod would exceed, with its Event (none for a dry run).
+    fn exceeded(
+        &self,
+        request: &AdmissionRequest,
+        a: &Admissible<'_>,
+        e: quota::Exceeded,
+    ) -> Decision {
+        let namespace = a.namespace.as_str();
+        if !a.dry_run {
+            let fallback = ObjectRef {
+                api_version: "v1".into(),
+                kind: "ResourceQuota".into(),
+                namespace: namespace.to_string(),
+                name: e.quota.clone(),
+                uid: String::new(),
+            };
+            self.events.record(Rejection {
+                namespace: namespace.to_string(),
+                regarding: events::regarding(a.pod, namespace, fallback),
+                reason: REASON_QUOTA,
+                note: e.message.clone(),
+            });
+        }
+        (
+            AdmissionResponse::allow(&request.uid).deny(403, "Forbidden", e.message),
+            "quota",
+        )
     }
 
     async fn quota(
@@ -238,28 +390,12 @@ impl Validator {
                 )
             }
         };
-        let largest = self.cache.largest_card_mib().unwrap_or(0);
-        let usage = match usage::pod_usage(pod, &self.settings.policy, largest) {
-            Ok(u) => u,
-            Err(e) => return (allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid"),
+        let incoming = match self.incoming(request, pod, &quotas) {
+            Continue(Some(r)) => r,
+            Continue(None) => return (allow, "no-quota"),
+            Break(d) => return d,
         };
-        let applies = quotas
-            .iter()
-            .any(|q| q.unsupported.is_none() && !q.limits.is_empty() && q.covers(&usage.facts));
-        if !applies {
-            return (allow, "no-quota");
-        }
-        let uid = pod
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .unwrap_or(&request.uid);
-        let incoming = ledger::reservation(
-            uid,
-            request.object_name(),
-            usage,
-            self.settings.reservation_ttl,
-        );
+        let largest = self.cache.largest_card_mib().unwrap_or(0);
 
         let lock = {
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
@@ -312,22 +448,12 @@ impl Validator {
             ) {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
                 Attempt::Exceeded(e) => {
-                    if !dry_run {
-                        let fallback = ObjectRef {
-                            api_version: "v1".into(),
-                            kind: "ResourceQuota".into(),
-                            namespace: namespace.to_string(),
-                            name: e.quota.clone(),
-                            uid: String::new(),
-                        };
-                        self.events.record(Rejection {
-                            namespace: namespace.to_string(),
-                            regarding: events::regarding(pod, namespace, fallback),
-                            reason: REASON_QUOTA,
-                            note: e.message.clone(),
-                        });
-                    }
-                    return (allow.deny(403, "Forbidden", e.message), "quota");
+                    let a = Admissible {
+                        pod,
+                        namespace: namespace.to_string(),
+                        dry_run,
+                    };
+                    return self.exceeded(request, &a, e);
                 }
                 // A dry run writes nothing: the answer is what a real request would get now.
                 Attempt::Write(_) if dry_run => return (allow, "reserved"),
@@ -392,6 +518,19 @@ impl Validator {
 
 /// Writes the ledger: create when it did not exist, else replace with the resourceVersion read
 /// (the compare-and-swap).
+/// The request's namespace, else the object's.
+fn namespace_of(request: &AdmissionRequest, pod: &Value) -> String {
+    request
+        .namespace
+        .clone()
+        .or_else(|| {
+            pod.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
 async fn write_ledger(
     api: &Api<DynamicObject>,
     name: &str,
@@ -425,4 +564,90 @@ async fn write_ledger(
 
 fn configmap_resource() -> ApiResource {
     cache::api_resource("ConfigMap", "configmaps")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+    use vgpu_core::resources::ResourceNames;
+
+    fn review(ns: &str, uid: &str, limits: Value, dry_run: bool) -> AdmissionRequest {
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE", "namespace": ns, "dryRun": dry_run,
+                "object": {"metadata": {"name": uid, "uid": uid},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}}});
+        AdmissionRequest::from_review_bytes(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn snapshot_decision_matches_quota_and_writes_the_reservation() {
+        let cache = Arc::new(ClusterCache::default());
+        cache.load_quotas([Quota::from_object(
+            &json!({"metadata": {"name": "q", "namespace": "a"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "8192"}}}),
+            &ResourceNames::default(),
+        )
+        .unwrap()]);
+        cache.load_pods([]);
+        cache.load_cards([("n".to_string(), 16384)]);
+        let v = Validator::with_cache(
+            ValidateSettings::default(),
+            cache,
+            None,
+            Arc::new(Metrics::new()),
+        );
+        let four = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"});
+        let held = Ledger {
+            reservations: vec![ledger::reservation(
+                "held",
+                "held",
+                usage::pod_usage(
+                    &json!({"spec": {"containers": [{"name": "c", "resources": {"limits": four}}]}}),
+                    &RequestPolicy::default(),
+                    16384,
+                )
+                .unwrap(),
+                Duration::from_secs(60),
+            )],
+        };
+        let now = ledger::now_ms();
+        // Fits next to one 4096 reservation: admitted, and the ledger to write holds both.
+        let ((r, label), next) =
+            v.decide_on_snapshot(&review("a", "p1", four.clone(), false), &held, now);
+        assert!(r.allowed);
+        assert_eq!(label, "reserved");
+        let uids: Vec<_> = next
+            .unwrap()
+            .reservations
+            .into_iter()
+            .map(|r| r.uid)
+            .collect();
+        assert_eq!(uids, ["held", "p1"]);
+        // A dry run gets the same answer and writes nothing.
+        let (d, next) = v.decide_on_snapshot(&review("a", "p1", four.clone(), true), &held, now);
+        assert_eq!(d.1, "reserved");
+        assert!(next.is_none());
+        // 8192 more does not fit: the quota denial names the quota.
+        let big = json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096"});
+        let ((r, label), next) = v.decide_on_snapshot(&review("a", "p2", big, false), &held, now);
+        assert_eq!((r.allowed, label), (false, "quota"));
+        assert_eq!(r.status.as_ref().map(|s| s.code), Some(403));
+        assert!(next.is_none());
+        // No quota in namespace b; and without an API client `decide` checks no quota at all.
+        let ((_, label), _) =
+            v.decide_on_snapshot(&review("b", "p3", four.clone(), false), &held, now);
+        assert_eq!(label, "no-quota");
+        assert_eq!(
+            v.decide(&review("a", "p1", four, false)).await.1,
+            "no-quota"
+        );
+        // Policy is answered before quota, the same on both paths.
+        let bad = review("a", "p4", json!({"nvidia.com/gpucores": "150"}), false);
+        let (snap, _) = v.decide_on_snapshot(&bad, &held, now);
+        assert_eq!(snap.1, "invalid");
+        assert_eq!(v.decide(&bad).await, snap);
+    }
 }

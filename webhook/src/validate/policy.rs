@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use vgpu_core::annotations::RESERVED_POD_ANNOTATIONS;
+use vgpu_core::annotations::{MANAGED_LABEL, RESERVED_POD_ANNOTATIONS};
 use vgpu_core::env;
 use vgpu_core::request::{Memory, RequestPolicy, VgpuRequest};
 
@@ -19,8 +19,12 @@ pub struct PolicyRules {
     pub deny_privileged: bool,
     /// User values of the runtime's reserved variables that differ from what the resources imply.
     pub deny_reserved_env: bool,
-    /// The scheduler's assignment annotation set by the user at CREATE.
+    /// The scheduler's assignment annotation set by the user at CREATE, or the reserved
+    /// annotations and the managed label changed at UPDATE by anyone but `annotation_writers`.
     pub deny_reserved_annotations: bool,
+    /// User names that may change the reserved annotations of a pod (the scheduler's and the
+    /// device plugin's service accounts, `system:serviceaccount:<namespace>:<name>`).
+    pub annotation_writers: Vec<String>,
     /// `LD_PRELOAD` in a vGPU container, or a volume over `/etc/ld.so.preload` or the hook's directory.
     pub deny_preload_override: bool,
     /// gpumem larger than every card in the node inventory (never schedulable).
@@ -35,6 +39,7 @@ impl Default for PolicyRules {
             deny_privileged: true,
             deny_reserved_env: true,
             deny_reserved_annotations: true,
+            annotation_writers: Vec::new(),
             deny_preload_override: true,
             deny_oversized_gpumem: true,
             protected_paths: vec!["/etc/ld.so.preload".into(), "/usr/local/vgpu".into()],
@@ -178,6 +183,43 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// The rule for a Pod UPDATE by `username`: only the configured writers may change the reserved
+/// annotations (the scheduler's assignment is what the device plugin hands out and what the
+/// scheduler and quota count) or the managed label (the label every cache finds vGPU pods by:
+/// removing it would hide the pod's usage). Everything else in an update is the API server's
+/// business (a pod's resources are immutable).
+pub fn check_update(
+    old: &Value,
+    new: &Value,
+    username: &str,
+    rules: &PolicyRules,
+) -> Result<(), Violation> {
+    if !rules.deny_reserved_annotations || rules.annotation_writers.iter().any(|w| w == username) {
+        return Ok(());
+    }
+    let field = |pod: &Value, map: &str, key: &str| {
+        pod.get("metadata")
+            .and_then(|m| m.get(map))
+            .and_then(|m| m.get(key))
+            .cloned()
+    };
+    let changed = |map: &str, key: &str| field(old, map, key) != field(new, map, key);
+    let what = RESERVED_POD_ANNOTATIONS
+        .iter()
+        .find(|a| changed("annotations", a))
+        .map(|a| format!("annotation {a}"))
+        .or_else(|| changed("labels", MANAGED_LABEL).then(|| format!("label {MANAGED_LABEL}")));
+    match what {
+        None => Ok(()),
+        Some(what) => Err(Violation {
+            rule: "denyReservedAnnotations",
+            message: format!(
+                "vgpu policy: {what} is written only by the vgpu scheduler and device plugin; {username:?} may not change it (rule denyReservedAnnotations)"
+            ),
+        }),
+    }
 }
 
 /// Whether mounting at `mount` covers `protected` or lies inside it.
@@ -327,5 +369,59 @@ mod tests {
         assert!(overlaps("/etc/", "/etc/ld.so.preload"));
         assert!(!overlaps("/etc2", "/etc/ld.so.preload"));
         assert!(!overlaps("/data", "/usr/local/vgpu"));
+    }
+
+    #[test]
+    fn only_the_writers_may_change_reserved_annotations_and_the_label_at_update() {
+        let rules = PolicyRules {
+            annotation_writers: vec!["system:serviceaccount:vgpu:sched".into()],
+            ..PolicyRules::default()
+        };
+        let old = json!({"metadata": {"labels": {"vgpu.io/managed": "true", "app": "a"},
+            "annotations": {"vgpu.io/assignment": "{\"v\":1}"}}});
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut p = old.clone();
+            f(&mut p);
+            p
+        };
+        let tenant = "alice";
+        // Other labels and annotations are the tenant's.
+        let other = with(&|p| p["metadata"]["labels"]["app"] = json!("b"));
+        assert_eq!(check_update(&old, &other, tenant, &rules), Ok(()));
+        let cases: [(Value, &str); 4] = [
+            (
+                with(&|p| p["metadata"]["annotations"]["vgpu.io/assignment"] = json!("{}")),
+                "annotation vgpu.io/assignment",
+            ),
+            (
+                with(&|p| p["metadata"]["annotations"] = json!({})),
+                "annotation vgpu.io/assignment",
+            ),
+            (
+                with(&|p| p["metadata"]["annotations"]["vgpu.io/allocated"] = json!("main")),
+                "annotation vgpu.io/allocated",
+            ),
+            (
+                with(&|p| p["metadata"]["labels"] = json!({"app": "a"})),
+                "label vgpu.io/managed",
+            ),
+        ];
+        for (new, what) in cases {
+            let v = check_update(&old, &new, tenant, &rules).unwrap_err();
+            assert_eq!(v.rule, "denyReservedAnnotations");
+            assert_eq!(
+                v.message,
+                format!("vgpu policy: {what} is written only by the vgpu scheduler and device plugin; \"alice\" may not change it (rule denyReservedAnnotations)")
+            );
+            assert_eq!(
+                check_update(&old, &new, "system:serviceaccount:vgpu:sched", &rules),
+                Ok(())
+            );
+            let off = PolicyRules {
+                deny_reserved_annotations: false,
+                ..PolicyRules::default()
+            };
+            assert_eq!(check_update(&old, &new, tenant, &off), Ok(()));
+        }
     }
 }

@@ -1,0 +1,5 @@
+//! cargo-fuzz target `admission_mutate`: the body and the properties it checks are
+//! `vgpu_fuzz_harness::admission_mutate` (shared with the corpus replay test).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vgpu_fuzz_harness::admission_mutate(data));
