@@ -122,9 +122,13 @@ impl<'a> Ledger<'a> {
     }
 
     /// Frees the slots whose owner (or reclaimer) is dead. Returns how many.
+    ///
+    /// Every slot is checked, not only those below the high-water mark: a process killed between
+    /// taking a slot and raising the mark leaves an owned slot above it (it reserved nothing yet,
+    /// so the sums may skip it, but it must still be freed).
     pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
-        for s in self.used_slots() {
+        for s in 0..SLOT_COUNT {
             let owner = self.w(s, slot::OWNER);
             let cur = owner.load(SeqCst);
             let pid = (cur & 0xffff_ffff) as u32;
@@ -305,6 +309,19 @@ mod tests {
         assert_eq!(l.claim(11, &|_| true), Some(b));
         assert_eq!(l.container_used(0), 0);
         assert_eq!(l.host_pid(b), 0);
+    }
+
+    /// A process killed after taking a slot but before raising the high-water mark is still
+    /// reclaimed.
+    #[test]
+    fn a_slot_above_the_mark_is_reclaimed() {
+        let w = words();
+        let l = Ledger::init(&w, &[None; MAX_DEVICES], &[0; MAX_DEVICES]).unwrap();
+        let a = l.claim(10, &|_| true).unwrap();
+        w[slot_word(a + 1, slot::OWNER)].store(11, SeqCst); // claimed, mark not raised
+        assert_eq!(l.used_slots(), 0..1);
+        assert_eq!(l.reclaim_dead(10, &|p| p != 11), 1);
+        assert_eq!(w[slot_word(a + 1, slot::OWNER)].load(SeqCst), 0);
     }
 
     #[test]

@@ -586,7 +586,8 @@ fn windows(out: &[String]) -> Vec<(f64, f64)> {
 /// Core limit: the fake GPU runs 200 us per launch (4 blocks x 50 us), so a program launching as
 /// fast as it can keeps it 100 % busy, and the fake NVML reports utilization proportional to the
 /// launch rate. With CUDA_DEVICE_SM_LIMIT=30 the launch rate measured by the program is within
-/// +-10 % of 30 % of its unthrottled rate in every window after 2 s; with 100 nothing waits. With
+/// +-10 % of 30 % of its unthrottled rate (the device's pace, 5000/s, which the program's best
+/// unthrottled window must approach) in every window after 2 s; with 100 nothing waits. With
 /// NVML process utilization, with its device-utilization fallback, and in a pid namespace beside
 /// another tenant (NVML's host pids are mapped to the container's processes).
 #[test]
@@ -618,19 +619,24 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
         // launch queue holds, 2 %), so the best 100 ms window measures it.
         let r0 = free.iter().map(|w| w.1).fold(0.0, f64::max);
         assert!((2500.0..=5200.0).contains(&r0), "unthrottled rate {r0}");
+        // The shares below are of the device's pace, which the best window only approaches: on a
+        // starved machine (load 10 on 2 cores) the best window was 4440-4700/s while the throttled
+        // rate, which follows the fake GPU's utilization and not the CPU, held 30-31 % of 5000/s;
+        // divided by the starved r0 that read as 33-35 %.
+        let pace = 1e9 / (4.0 * 50_000.0);
 
         let (out, _) = env.run(&with("30"), &["direct", "init", "ctx:0", "rate:3000:250:4"]);
         let limited = windows(&out);
         let late: Vec<f64> = limited
             .iter()
             .filter(|w| w.0 >= 2000.0)
-            .map(|w| w.1 / r0)
+            .map(|w| w.1 / pace)
             .collect();
         assert!(late.len() >= 3, "{limited:?}");
         for share in &late {
             assert!(
                 (0.27..=0.33).contains(share),
-                "process_util {process_util} namespaced {namespaced}: share {share:.3} of {r0:.0}/s after 2 s; windows {limited:?}"
+                "process_util {process_util} namespaced {namespaced}: share {share:.3} of {pace:.0}/s (best unthrottled window {r0:.0}/s) after 2 s; windows {limited:?}"
             );
         }
         let snap = env.snapshot();
