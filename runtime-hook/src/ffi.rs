@@ -9,7 +9,8 @@
 
 use crate::config::Config;
 use crate::ledger::Ledger;
-use crate::throttle::{self, Bucket, Controller};
+use crate::meter::{Meters, ThreadMeter};
+use crate::throttle::{self, Bucket, Controller, Pool};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -209,6 +210,53 @@ enum Kind {
     Array,
 }
 
+/// Hasher of the live-allocation table's keys (a kind and a driver pointer or handle): one
+/// multiply-fold per word instead of SipHash. The keys come from the driver, not from input a
+/// hostile party chooses, so flooding resistance buys nothing here; the fold keeps the low bits,
+/// which pick the bucket, well mixed even for aligned pointers.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl KeyHasher {
+    #[inline]
+    fn mix(&mut self, n: u64) {
+        let m = u128::from(self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.mix(u64::from(n));
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+    #[inline]
+    fn write_isize(&mut self, n: isize) {
+        self.mix(n as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type KeyMap = HashMap<(Kind, u64), (usize, u64), std::hash::BuildHasherDefault<KeyHasher>>;
+
 fn cu(r: CUresult) -> Result<(), CUresult> {
     if r == CUDA_SUCCESS {
         Ok(())
@@ -379,11 +427,6 @@ fn find_host_pid(
 struct Throttle {
     limits: [u32; MAX_DEVICES],
     buckets: [Bucket; MAX_DEVICES],
-    /// Whether the driver shows this process a single device: [`SINGLE_UNKNOWN`] until the first
-    /// launch asks, then [`SINGLE_YES`] (launches skip `cuCtxGetDevice`) or [`SINGLE_NO`].
-    single: AtomicU8,
-    /// Limit index of CUDA ordinal 0 (the only device when `single` says so).
-    single_index: usize,
     /// Per limited device, the pids NVML listed as its compute processes when the hook started
     /// (before this process had a context); `None` where NVML could not say.
     before: Vec<Option<Vec<u32>>>,
@@ -395,13 +438,11 @@ const SINGLE_NO: u8 = 2;
 
 impl Throttle {
     /// `None` when no device has a limit below 100 % (the launch path then does nothing more).
-    fn new(sm_limit: &[u32; MAX_DEVICES], single_index: usize) -> Option<Throttle> {
+    fn new(sm_limit: &[u32; MAX_DEVICES]) -> Option<Throttle> {
         let limits = sm_limit.map(|l| if l >= 100 { 0 } else { l });
         limits.iter().any(|&l| l > 0).then(|| Throttle {
             limits,
             buckets: std::array::from_fn(|_| Bucket::default()),
-            single: AtomicU8::new(SINGLE_UNKNOWN),
-            single_index,
             before: (0..MAX_DEVICES)
                 .map(|d| {
                     (limits[d] > 0)
@@ -428,7 +469,8 @@ const RECLAIM_EVERY: u32 = 10; // periods of 50 ms: 500 ms
 
 /// The watcher thread, one per process (started when the process claims its slot): every
 /// [`throttle::PERIOD`] it reads each limited device's utilization from NVML and steers its bucket
-/// (control law in [`crate::throttle`]); every [`RECLAIM_EVERY`] periods it reclaims dead slots.
+/// (control law in [`crate::throttle`]) and copies the threads' launch meters into the slot; every
+/// [`RECLAIM_EVERY`] periods it reclaims dead slots.
 fn watch(h: &'static Hook) {
     let mut devices = Vec::new();
     if let Some(t) = &h.throttle {
@@ -442,7 +484,7 @@ fn watch(h: &'static Hook) {
             );
         }
         for (d, nv, handle) in found {
-            let c = Controller::new(t.limits[d], &t.buckets[d], now_ns());
+            let c = Controller::new(t.limits[d], METERS.blocks_on(d), now_ns());
             devices.push((nv, d, handle, c, 0u64));
         }
     }
@@ -464,9 +506,10 @@ fn watch(h: &'static Hook) {
             let pids = h.ledger.pids();
             for (nv, d, handle, c, last_seen) in &mut devices {
                 let u = utilization(nv, *handle, &pids, last_seen);
-                c.step(&t.buckets[*d], now_ns(), u);
+                c.step(&t.buckets[*d], METERS.blocks_on(*d), now_ns(), u);
             }
         }
+        flush_launches(h);
         if tick % RECLAIM_EVERY == 0 {
             h.ledger.reclaim_dead(me, &alive);
         }
@@ -526,6 +569,11 @@ struct Hook {
     ledger: Ledger<'static>,
     /// Core limit; `None` when no device is limited.
     throttle: Option<Throttle>,
+    /// Whether the driver shows this process a single device: [`SINGLE_UNKNOWN`] until a launch or
+    /// an allocation asks, then [`SINGLE_YES`] (they skip `cuCtxGetDevice`) or [`SINGLE_NO`].
+    single: AtomicU8,
+    /// Limit index of CUDA ordinal 0 (the only device when `single` says so).
+    single_index: usize,
     /// Whether this process's watcher thread runs.
     watcher: AtomicBool,
     /// When a refused allocation last reclaimed dead slots (`now_ns`, 0 = never).
@@ -535,16 +583,68 @@ struct Hook {
     /// Live allocations: (kind, pointer or handle) -> (limit index, bytes). parking_lot's Mutex
     /// hands the lock to a thread that has waited 0.5 ms; std's lets a busy thread barge ahead,
     /// and with 16 threads allocating one of them could wait for seconds.
-    allocations: parking_lot::Mutex<HashMap<(Kind, u64), (usize, u64)>>,
+    allocations: parking_lot::Mutex<KeyMap>,
 }
 
 static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
 
 thread_local! {
     static INITIALIZING: Cell<bool> = const { Cell::new(false) };
+    /// The thread's launch meter (with its prepaid tokens): taken at its first launch, given
+    /// back when it exits.
+    static METER: Cell<Option<&'static ThreadMeter>> = const { Cell::new(None) };
 }
 
+/// Every launching thread's meters (see [`crate::meter`]).
+static METERS: Meters = Meters::new();
+
+/// The key whose destructor gives an exiting thread's meter back; `None` if it cannot be created
+/// (the meters of exited threads are then not reused).
+fn meter_key() -> Option<libc::pthread_key_t> {
+    static KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: a valid out pointer and a destructor with the C signature pthread expects.
+        (unsafe { libc::pthread_key_create(&mut key, Some(release_meter)) } == 0).then_some(key)
+    })
+}
+
+/// pthread key destructor, run as a thread that launched exits: its meter goes back to the table
+/// (the counts stay in it), and a launch after this (another destructor's) acquires a new one.
+extern "C" fn release_meter(_: *mut c_void) {
+    if let Ok(Some(m)) = METER.try_with(Cell::take) {
+        METERS.release(m);
+    }
+}
+
+/// Copies the process's launch count (its threads' meters, summed) into its slot.
+fn flush_launches(h: &Hook) {
+    let s = h.slot.load(Ordering::SeqCst);
+    if s != usize::MAX {
+        h.ledger.record_launches(s, METERS.launches());
+    }
+}
+
+/// At a normal exit: the last launches reach the file, so a reader sees the exact count.
+extern "C" fn flush_at_exit() {
+    if let Some(Ok(h)) = HOOK.get() {
+        flush_launches(h);
+    }
+}
+
+/// The process's hook, initialised by the first call.
+#[inline]
 fn hook() -> Result<&'static Hook, CUresult> {
+    match HOOK.get() {
+        Some(h) => h.as_ref().map_err(|e| *e),
+        None => hook_init(),
+    }
+}
+
+/// First call: reads the configuration and maps the file; a call the initialisation itself makes
+/// (the driver's or the C library's calls back into our exports) is refused instead of recursing.
+#[cold]
+fn hook_init() -> Result<&'static Hook, CUresult> {
     if INITIALIZING.with(Cell::get) {
         return Err(CUDA_ERROR_NOT_INITIALIZED);
     }
@@ -595,17 +695,22 @@ fn init() -> Result<Hook, CUresult> {
         eprintln!("{e}");
         CUDA_ERROR_NOT_INITIALIZED
     })?;
-    // SAFETY: registering a plain function pointer that only stores to atomics.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    // SAFETY: registering plain function pointers that only touch atomics and this thread's state.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+        libc::atexit(flush_at_exit);
+    }
     Ok(Hook {
-        throttle: Throttle::new(&config.sm_limit, config.limit_index(0)),
+        throttle: Throttle::new(&config.sm_limit),
+        single: AtomicU8::new(SINGLE_UNKNOWN),
+        single_index: config.limit_index(0),
         watcher: AtomicBool::new(false),
         last_reclaim: AtomicU64::new(0),
         config,
         real,
         ledger,
         slot: AtomicUsize::new(usize::MAX),
-        allocations: parking_lot::Mutex::new(HashMap::new()),
+        allocations: parking_lot::Mutex::new(KeyMap::default()),
     })
 }
 
@@ -638,6 +743,10 @@ extern "C" fn after_fork_child() {
         h.slot.store(usize::MAX, Ordering::SeqCst);
         // The watcher thread does not exist in the child; claiming the slot starts one.
         h.watcher.store(false, Ordering::SeqCst);
+        // The parent's launches are the parent's; the forking thread takes a new meter (and so
+        // claims the child's slot) at its next launch.
+        METERS.reset();
+        let _ = METER.try_with(|m| m.set(None));
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -900,71 +1009,108 @@ impl Hook {
     }
 
     /// Meters a kernel launch of `blocks` thread blocks, first waiting for the core limit's tokens.
+    /// No atomic read-modify-write and no syscall while the thread's prepaid tokens last: the
+    /// counts go to the thread's own meter, the tokens come from its own pool.
+    #[inline]
     fn launch(&'static self, blocks: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        let m = match METER.with(Cell::get) {
+            Some(m) => m,
+            None => self.register(),
+        };
         if let Some(t) = &self.throttle {
-            self.throttle_launch(t, blocks);
+            self.throttle_launch(t, m, blocks);
         }
         let r = call();
         if r == CUDA_SUCCESS {
-            if let Ok(s) = self.slot() {
-                self.ledger.launched(s);
-            }
+            m.launched();
         }
         r
     }
 
-    /// Takes the launch's tokens from its device's bucket, sleeping (bounded) when there are none.
-    /// The fast path, while prepaid tokens last, is one relaxed atomic subtraction (and, in a
-    /// process that sees more than one device, the driver's `cuCtxGetDevice`); only the launch that
-    /// finds the pool empty reads the clock, buys the next batch and may sleep.
-    #[inline]
-    fn throttle_launch(&'static self, t: &'static Throttle, blocks: u64) {
+    /// A thread's first launch: takes a meter and claims the process's slot, which starts the
+    /// watcher that copies the meters into the file.
+    #[cold]
+    fn register(&'static self) -> &'static ThreadMeter {
+        let m = METERS.acquire();
+        METER.with(|c| c.set(Some(m)));
+        if let Some(key) = meter_key() {
+            // SAFETY: any non-null value makes the key's destructor run at thread exit; it is never
+            // dereferenced.
+            unsafe {
+                libc::pthread_setspecific(key, std::ptr::NonNull::<c_void>::dangling().as_ptr())
+            };
+        }
+        let _ = self.slot();
+        m
+    }
+
+    /// Counts the launch's blocks and takes its tokens from the thread's pool for its device,
+    /// sleeping (bounded) when the bucket has none. The fast path, while prepaid tokens last, is
+    /// plain thread-local arithmetic (and, in a process that sees more than one device, the
+    /// driver's `cuCtxGetDevice`); only the launch that finds the pool empty reads the clock, buys
+    /// the next batch and may sleep.
+    #[inline(always)]
+    fn throttle_launch(&'static self, t: &'static Throttle, m: &ThreadMeter, blocks: u64) {
         let Some(d) = self.launch_device(t) else {
             return;
         };
-        let bucket = &t.buckets[d];
-        if bucket.try_take(blocks) {
+        let (Some(bucket), Some(pool)) = (t.buckets.get(d), m.pool(d)) else {
             return;
+        };
+        m.blocks(d, blocks);
+        if !pool.try_take(bucket, blocks, m.shared()) {
+            self.refill(pool, bucket, blocks, m.shared());
         }
-        self.refill(bucket, blocks);
     }
 
     /// The slow path of [`Hook::throttle_launch`]: buys a batch of tokens, waits what the bucket
-    /// says, deposits them and meters the wait.
+    /// says and meters the wait.
     #[cold]
-    fn refill(&'static self, bucket: &Bucket, blocks: u64) {
-        let (wait, batch) = bucket.buy(now_ns(), blocks);
+    fn refill(&'static self, pool: &Pool, bucket: &Bucket, blocks: u64, shared: bool) {
+        let wait = pool.refill(bucket, now_ns(), blocks, shared);
         if wait > 0 {
             std::thread::sleep(std::time::Duration::from_nanos(wait));
             if let Ok(s) = self.slot() {
                 self.ledger.throttled(s, wait);
             }
         }
-        bucket.deposit(batch);
     }
 
-    /// Limit index of the launching thread's device when it has a core limit. A process whose
-    /// driver sees a single device (the usual vGPU container) learns it once from
-    /// `cuDeviceGetCount`; otherwise every launch asks the driver for the current device.
+    /// Limit index of the launching thread's device when it has a core limit.
     #[inline]
     fn launch_device(&self, t: &Throttle) -> Option<usize> {
-        let d = match t.single.load(Ordering::Relaxed) {
-            SINGLE_YES => t.single_index,
-            SINGLE_NO => self.device().ok()?,
-            _ => match self.device_count() {
-                Some(1) => {
-                    t.single.store(SINGLE_YES, Ordering::Relaxed);
-                    t.single_index
-                }
-                n => {
-                    if n.is_some() {
-                        t.single.store(SINGLE_NO, Ordering::Relaxed);
-                    }
-                    self.device().ok()?
-                }
-            },
-        };
+        let d = self.current_device().ok()?;
         (d < MAX_DEVICES && t.limits[d] > 0).then_some(d)
+    }
+
+    /// Limit index of the calling thread's current device. A process whose driver shows a single
+    /// device (the usual vGPU container) learns it once from `cuDeviceGetCount`; otherwise every
+    /// call asks the driver for the current device (`cuCtxGetDevice`). With no current context the
+    /// single-device answer still names the device: the driver call that follows fails, and an
+    /// allocation's reservation is rolled back.
+    #[inline]
+    fn current_device(&self) -> Result<usize, CUresult> {
+        if self.single.load(Ordering::Relaxed) == SINGLE_YES {
+            Ok(self.single_index)
+        } else {
+            self.current_device_asked()
+        }
+    }
+
+    /// [`Hook::current_device`] when the process is not known to see a single device.
+    #[cold]
+    fn current_device_asked(&self) -> Result<usize, CUresult> {
+        if self.single.load(Ordering::Relaxed) != SINGLE_NO {
+            match self.device_count() {
+                Some(1) => {
+                    self.single.store(SINGLE_YES, Ordering::Relaxed);
+                    return Ok(self.single_index);
+                }
+                Some(_) => self.single.store(SINGLE_NO, Ordering::Relaxed),
+                None => {}
+            }
+        }
+        self.device()
     }
 
     /// Devices the driver shows this process (`cuDeviceGetCount`), `None` when it cannot say.
@@ -1065,7 +1211,7 @@ macro_rules! launch_export {
 }
 
 fn current(h: &Hook) -> Result<usize, CUresult> {
-    h.device()
+    h.current_device()
 }
 
 alloc_export! {
@@ -1614,6 +1760,25 @@ mod tests {
             assert!(wrapper(name.as_bytes()).is_some(), "{name}");
         }
         assert!(wrapper(b"cuMemcpy").is_none());
+    }
+
+    /// 2 MiB-aligned pointers (the driver's large-allocation granularity) spread over the low bits
+    /// that pick a hash bucket, and the kinds keep equal keys apart.
+    #[test]
+    fn allocation_keys_hash_apart() {
+        use std::hash::BuildHasher;
+        let b = std::hash::BuildHasherDefault::<KeyHasher>::default();
+        let buckets: std::collections::HashSet<u64> = (0..1024u64)
+            .map(|i| b.hash_one((Kind::Ptr, 0x7f00_0000_0000 + (i << 21))) & 1023)
+            .collect();
+        assert!(buckets.len() > 550, "{}", buckets.len());
+        assert_ne!(
+            b.hash_one((Kind::Ptr, 1u64)),
+            b.hash_one((Kind::Array, 1u64))
+        );
+        let mut m = KeyMap::default();
+        m.insert((Kind::Handle, 7), (0, 10));
+        assert_eq!(m.remove(&(Kind::Handle, 7)), Some((0, 10)));
     }
 
     #[test]

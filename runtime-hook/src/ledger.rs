@@ -122,9 +122,13 @@ impl<'a> Ledger<'a> {
     }
 
     /// Frees the slots whose owner (or reclaimer) is dead. Returns how many.
+    ///
+    /// Every slot is checked, not only those below the high-water mark: a process killed between
+    /// taking a slot and raising the mark leaves an owned slot above it (it reserved nothing yet,
+    /// so the sums may skip it, but it must still be freed).
     pub fn reclaim_dead(&self, me: u32, alive: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
-        for s in self.used_slots() {
+        for s in 0..SLOT_COUNT {
             let owner = self.w(s, slot::OWNER);
             let cur = owner.load(SeqCst);
             let pid = (cur & 0xffff_ffff) as u32;
@@ -195,8 +199,16 @@ impl<'a> Ledger<'a> {
                 return false;
             }
         }
-        self.w(s, slot::PEAK + dev).fetch_max(mine, SeqCst);
-        self.words[header::CONTAINER_PEAK + dev].fetch_max(container, SeqCst);
+        // Peaks only grow: a read first skips the read-modify-write (on the container's peak, a
+        // word every process writes) unless this is a new peak.
+        for (word, v) in [
+            (self.w(s, slot::PEAK + dev), mine),
+            (&self.words[header::CONTAINER_PEAK + dev], container),
+        ] {
+            if word.load(SeqCst) < v {
+                word.fetch_max(v, SeqCst);
+            }
+        }
         true
     }
 
@@ -209,9 +221,11 @@ impl<'a> Ledger<'a> {
         }
     }
 
-    /// Counts a kernel launch.
-    pub fn launched(&self, s: usize) {
-        self.w(s, slot::LAUNCHES).fetch_add(1, SeqCst);
+    /// Records that slot `s`'s process has launched `total` kernels so far (its threads' meters,
+    /// summed: see `crate::meter`). Never lowers the count, so a late copy of an older sum cannot
+    /// undo a newer one.
+    pub fn record_launches(&self, s: usize, total: u64) {
+        self.w(s, slot::LAUNCHES).fetch_max(total, SeqCst);
     }
 
     /// Adds time a launch waited for the core limit.
@@ -252,7 +266,8 @@ mod tests {
         assert!(!l.reserve(b, 0, 2 << 20, lim[0]));
         assert!(l.reserve(b, 0, 1 << 20, lim[0]));
         assert!(!l.reserve(b, 0, 1, lim[0]));
-        l.launched(a);
+        l.record_launches(a, 1);
+        l.record_launches(a, 0);
         let s = Snapshot::parse(&bytes(&w)).unwrap();
         assert_eq!(s.used(0), 1 << 30);
         assert_eq!(s.memory_limit[0], 1 << 30);
@@ -271,7 +286,7 @@ mod tests {
         assert!(l.reserve(a, 0, 100, Some(100)));
         let b = l.claim(11, &|_| true).unwrap();
         assert!(!l.reserve(b, 0, 1, Some(100)));
-        l.launched(a);
+        l.record_launches(a, 1);
         l.throttled(a, 5);
         assert_eq!(l.reclaim_dead(11, &|p| p != 10), 1);
         assert!(l.reserve(b, 0, 100, Some(100)));
@@ -294,6 +309,19 @@ mod tests {
         assert_eq!(l.claim(11, &|_| true), Some(b));
         assert_eq!(l.container_used(0), 0);
         assert_eq!(l.host_pid(b), 0);
+    }
+
+    /// A process killed after taking a slot but before raising the high-water mark is still
+    /// reclaimed.
+    #[test]
+    fn a_slot_above_the_mark_is_reclaimed() {
+        let w = words();
+        let l = Ledger::init(&w, &[None; MAX_DEVICES], &[0; MAX_DEVICES]).unwrap();
+        let a = l.claim(10, &|_| true).unwrap();
+        w[slot_word(a + 1, slot::OWNER)].store(11, SeqCst); // claimed, mark not raised
+        assert_eq!(l.used_slots(), 0..1);
+        assert_eq!(l.reclaim_dead(10, &|p| p != 11), 1);
+        assert_eq!(w[slot_word(a + 1, slot::OWNER)].load(SeqCst), 0);
     }
 
     #[test]

@@ -5,13 +5,22 @@
 //! `cuMemGetInfo`/`cuDeviceTotalMem` report the slice, not the GPU.
 //!
 //! Layout: [`config`] reads the environment contract, [`ledger`] is the lock-free accounting over the
-//! shared words; both are safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver
-//! lookup with the real `dlsym`, the file mapping, the exported functions), because a preload
-//! library cannot be written without it; every unsafe block there carries a `SAFETY` comment. Every
-//! exported function runs inside a panic boundary that turns a panic into `CUDA_ERROR_UNKNOWN`.
+//! shared words, [`meter`] holds the per-thread launch meters and [`throttle`] the core limit; all
+//! safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver lookup with the real
+//! `dlsym`, the file mapping, the exported functions), because a preload library cannot be written
+//! without it; every unsafe block there carries a `SAFETY` comment. Every exported function runs
+//! inside a panic boundary that turns a panic into `CUDA_ERROR_UNKNOWN`.
+//!
+//! Staleness of the launch count: memory use, peaks, OOM refusals and throttled time reach the
+//! accounting file at the call that changes them. Kernel launches are counted in per-thread meters
+//! (no atomic read-modify-write on the launch path) and copied into the process's slot by its
+//! watcher thread every [`throttle::PERIOD`] (50 ms) and at a normal exit (`atexit`), so a reader
+//! sees a live process's count at most one period (plus scheduling delay) behind, and the exact count
+//! once it has exited; a process killed by a signal loses at most its last period's launches.
 #![deny(unsafe_code)]
 
 pub mod config;
 mod ffi;
 pub mod ledger;
+pub mod meter;
 pub mod throttle;

@@ -12,6 +12,8 @@
  *         | rate:TOTAL_MS:WINDOW_MS:GRID (launch GRID-block kernels as fast as allowed for TOTAL_MS,
  *           printing "window START_MS LAUNCHES_PER_S" per window)
  *         | hold:MS (stay alive MS milliseconds)
+ *         | tlaunch:THREADS:N (THREADS threads launch N kernels each, then exit)
+ *         | forklaunch:N (a fork()ed child launches N kernels and exits)
  *         | nvml:INDEX (nvmlDeviceGetMemoryInfo and _v2 of NVML device INDEX)
  *   (BYTES takes an m suffix for MiB; the 'p' steps use the per-thread-default-stream entry)
  */
@@ -22,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -190,6 +193,16 @@ static double runqueue_ms(int fd) {
     double d_ = now_ms() - t0_; double b_ = d_ - (runqueue_ms((w)->schedstat) - q0_); \
     if (d_ > (w)->worst_wall_ms) (w)->worst_wall_ms = d_; \
     if (b_ > (w)->worst_ms) (w)->worst_ms = b_; } while (0)
+
+struct lworker { int n; int ok; };
+
+static void *launcher(void *arg) {
+    struct lworker *w = arg;
+    void *c;
+    f.ctx(&c, 0, 0);
+    for (int j = 0; j < w->n; j++) w->ok += f.launch((void *)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == 0;
+    return NULL;
+}
 
 static void *stress(void *arg) {
     struct worker *w = arg;
@@ -431,6 +444,34 @@ int main(int argc, char **argv) {
                 ok += r == 0;
             }
             printf("%.*s ok %d\n", len, a, ok);
+        } else if (!strncmp(a, "tlaunch:", 8)) {
+            int threads = 1, n = 0, ok = 0;
+            sscanf(a + 8, "%d:%d", &threads, &n);
+            if (threads > 64) threads = 64;
+            pthread_t t[64];
+            struct lworker w[64];
+            for (int j = 0; j < threads; j++) {
+                w[j].n = n; w[j].ok = 0;
+                pthread_create(&t[j], NULL, launcher, &w[j]);
+            }
+            for (int j = 0; j < threads; j++) {
+                pthread_join(t[j], NULL);
+                ok += w[j].ok;
+            }
+            printf("tlaunch ok %d\n", ok);
+        } else if (!strncmp(a, "forklaunch:", 11)) {
+            int n = atoi(a + 11), st = 0;
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                int ok = 0;
+                for (int j = 0; j < n; j++) ok += f.launch((void *)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == 0;
+                printf("child launch ok %d\n", ok);
+                fflush(stdout);
+                exit(0);
+            }
+            waitpid(pid, &st, 0);
+            printf("child exited %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         } else if (!strncmp(a, "hold:", 5)) {
             struct timespec t = { atoi(a + 5) / 1000, (atoi(a + 5) % 1000) * 1000000L };
             nanosleep(&t, NULL);

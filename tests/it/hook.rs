@@ -357,14 +357,32 @@ fn sigkill_storms_under_concurrency_never_pass_the_limit() {
             .ok()
             .and_then(|b| Snapshot::parse(&b).ok())
     };
+    let mut polls = 0u32;
     let snap = vgpu_tests::wait_for(
         std::time::Duration::from_secs(10),
         "the killed processes' slots to be reclaimed",
         || {
-            read().filter(|s| {
-                s.processes.len() == survivor_pids.len()
-                    && s.processes.iter().all(|p| survivor_pids.contains(&p.pid))
-            })
+            let s = read()?;
+            polls += 1;
+            if polls.is_multiple_of(200) {
+                // Shown if the wait times out: which slots stay, and whether their pid exists (a
+                // pid the machine reused for another process keeps its slot, by design).
+                let left: Vec<(u32, bool)> = s
+                    .processes
+                    .iter()
+                    .filter(|p| !survivor_pids.contains(&p.pid))
+                    .map(|p| {
+                        (
+                            p.pid,
+                            std::path::Path::new(&format!("/proc/{}", p.pid)).exists(),
+                        )
+                    })
+                    .collect();
+                eprintln!("slots left (pid, exists): {left:?}");
+            }
+            (s.processes.len() == survivor_pids.len()
+                && s.processes.iter().all(|p| survivor_pids.contains(&p.pid)))
+            .then_some(s)
         },
     );
     let took = last_kill.elapsed();
@@ -570,7 +588,8 @@ fn windows(out: &[String]) -> Vec<(f64, f64)> {
 /// Core limit: the fake GPU runs 200 us per launch (4 blocks x 50 us), so a program launching as
 /// fast as it can keeps it 100 % busy, and the fake NVML reports utilization proportional to the
 /// launch rate. With CUDA_DEVICE_SM_LIMIT=30 the launch rate measured by the program is within
-/// +-10 % of 30 % of its unthrottled rate in every window after 2 s; with 100 nothing waits. With
+/// +-10 % of 30 % of its unthrottled rate (the device's pace, 5000/s, which the program's best
+/// unthrottled window must approach) in every window after 2 s; with 100 nothing waits. With
 /// NVML process utilization, with its device-utilization fallback, and in a pid namespace beside
 /// another tenant (NVML's host pids are mapped to the container's processes).
 #[test]
@@ -602,19 +621,24 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
         // launch queue holds, 2 %), so the best 100 ms window measures it.
         let r0 = free.iter().map(|w| w.1).fold(0.0, f64::max);
         assert!((2500.0..=5200.0).contains(&r0), "unthrottled rate {r0}");
+        // The shares below are of the device's pace, which the best window only approaches: on a
+        // starved machine (load 10 on 2 cores) the best window was 4440-4700/s while the throttled
+        // rate, which follows the fake GPU's utilization and not the CPU, held 30-31 % of 5000/s;
+        // divided by the starved r0 that read as 33-35 %.
+        let pace = 1e9 / (4.0 * 50_000.0);
 
         let (out, _) = env.run(&with("30"), &["direct", "init", "ctx:0", "rate:3000:250:4"]);
         let limited = windows(&out);
         let late: Vec<f64> = limited
             .iter()
             .filter(|w| w.0 >= 2000.0)
-            .map(|w| w.1 / r0)
+            .map(|w| w.1 / pace)
             .collect();
         assert!(late.len() >= 3, "{limited:?}");
         for share in &late {
             assert!(
                 (0.27..=0.33).contains(share),
-                "process_util {process_util} namespaced {namespaced}: share {share:.3} of {r0:.0}/s after 2 s; windows {limited:?}"
+                "process_util {process_util} namespaced {namespaced}: share {share:.3} of {pace:.0}/s (best unthrottled window {r0:.0}/s) after 2 s; windows {limited:?}"
             );
         }
         let snap = env.snapshot();
@@ -734,6 +758,94 @@ fn dead_processes_leave_the_file_within_a_second() {
     assert_eq!(snap.launches(), 7);
     assert_eq!(snap.retired.launches, 7);
     assert_eq!(snap.container_peak[0], 513 << 20);
+}
+
+/// Launches are counted in per-thread meters that the watcher copies into the process's slot every
+/// 50 ms and the process copies at exit (runtime-hook/src/meter.rs): with 8 threads that launch and
+/// exit (their meters are then reused), the count reaches the file while the process still runs
+/// (well within 1 s), it is exact once the process has exited, and a fork()ed child counts only
+/// its own launches, with and without a core limit.
+#[test]
+fn launch_counts_are_exact_across_threads_forks_and_exits() {
+    for limit in ["0", "50"] {
+        let env = setup();
+        let vars = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_SM_LIMIT", limit),
+        ];
+        let read = || {
+            std::fs::read(env.cache())
+                .ok()
+                .and_then(|b| Snapshot::parse(&b).ok())
+        };
+        let mut running = env
+            .command(
+                &vars,
+                &[
+                    "direct",
+                    "init",
+                    "ctx:0",
+                    "tlaunch:8:1000",
+                    "tlaunch:8:1000",
+                    "launch:5",
+                    "hold:30000",
+                ],
+            )
+            .spawn()
+            .unwrap();
+        let launched = std::time::Instant::now();
+        let snap = vgpu_tests::wait_for(
+            std::time::Duration::from_secs(10),
+            "the running process's launches in the file",
+            || read().filter(|s| s.launches() == 16_005),
+        );
+        let took = launched.elapsed();
+        assert_eq!(
+            running.try_wait().unwrap(),
+            None,
+            "limit {limit}: the process ended early"
+        );
+        running.kill().unwrap();
+        running.wait().unwrap();
+        assert_eq!(snap.processes.len(), 1, "limit {limit}: {snap:?}");
+        // The probe's launches take well under a second even on a loaded machine; the copy comes
+        // at most one 50 ms period after them.
+        assert!(
+            took < std::time::Duration::from_secs(3),
+            "limit {limit}: the launch count reached the file after {took:?}"
+        );
+
+        let env = setup();
+        let (out, _) = env.run(
+            &vars,
+            &[
+                "direct",
+                "init",
+                "ctx:0",
+                "launch:5",
+                "tlaunch:4:250",
+                "forklaunch:7",
+                "launch:2",
+                "count",
+            ],
+        );
+        assert_eq!(
+            out[2..],
+            [
+                "launch ok 5",
+                "tlaunch ok 1000",
+                "child launch ok 7",
+                "child exited 0",
+                "launch ok 2",
+                "driver launches 1007",
+            ],
+            "limit {limit}"
+        );
+        // Both processes have exited; each counted its own launches (the child did not inherit the
+        // parent's 1005), and the exit copies made the totals exact.
+        let snap = env.snapshot();
+        assert_eq!(snap.launches(), 1014, "limit {limit}: {snap:?}");
+    }
 }
 
 /// In a container the device plugin mounts a read-only limits file next to the library. Its
