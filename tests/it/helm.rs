@@ -1025,6 +1025,38 @@ fn chart_refuses_values_that_cannot_work() {
             "devicePlugin.deviceSplitCount=0",
             "deviceSplitCount must be at least 1",
         ),
+        (
+            "devicePlugin.deviceSplitCount=1001",
+            "deviceSplitCount must be at most 1000",
+        ),
+        (
+            "devicePlugin.deviceMemoryScaling=0",
+            "deviceMemoryScaling must be a positive number",
+        ),
+        (
+            "devicePlugin.backend=amd",
+            "devicePlugin.backend must be nvidia or dcu",
+        ),
+        (
+            "scheduler.extender.nodePolicy=fgd",
+            "scheduler.extender.nodePolicy must be one of",
+        ),
+        (
+            "scheduler.extender.gpuPolicy=foo",
+            "scheduler.extender.gpuPolicy must be one of",
+        ),
+        (
+            "webhook.idleTimeout=1h",
+            "webhook.idleTimeout must be a positive whole number",
+        ),
+        (
+            "webhook.headerReadTimeout=0s",
+            "webhook.headerReadTimeout must be a positive whole number",
+        ),
+        (
+            "certs.renewBefore=2w",
+            "certs.renewBefore must be a whole number of d, h, m or s",
+        ),
     ] {
         let out = Command::new(&helm)
             .args(["template", RELEASE])

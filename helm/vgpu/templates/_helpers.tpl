@@ -85,6 +85,30 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- if lt (int .Values.devicePlugin.deviceSplitCount) 1 -}}
 {{- fail "devicePlugin.deviceSplitCount must be at least 1" -}}
 {{- end -}}
+{{- if gt (int .Values.devicePlugin.deviceSplitCount) 1000 -}}
+{{- fail "devicePlugin.deviceSplitCount must be at most 1000" -}}
+{{- end -}}
+{{- if le (float64 .Values.devicePlugin.deviceMemoryScaling) 0.0 -}}
+{{- fail "devicePlugin.deviceMemoryScaling must be a positive number" -}}
+{{- end -}}
+{{- if not (has .Values.devicePlugin.backend (list "nvidia" "dcu")) -}}
+{{- fail (printf "devicePlugin.backend must be nvidia or dcu, not %q" .Values.devicePlugin.backend) -}}
+{{- end -}}
+{{- $policies := list "binpack" "spread" -}}
+{{- range $key, $p := dict "nodePolicy" .Values.scheduler.extender.nodePolicy "gpuPolicy" .Values.scheduler.extender.gpuPolicy -}}
+{{- if not (has $p $policies) -}}
+{{- fail (printf "scheduler.extender.%s must be one of %s, not %q" $key (join ", " $policies) $p) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "headerReadTimeout" "bodyReadTimeout" "idleTimeout" -}}
+{{- $v := toString (index $.Values.webhook $key) -}}
+{{- if or (not (regexMatch "^[0-9]+(ms|s|m)?$" $v)) (regexMatch "^0+(ms|s|m)?$" $v) -}}
+{{- fail (printf "webhook.%s must be a positive whole number of ms, s or m (like 10s), not %q" $key $v) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (regexMatch "^[0-9]+[dhms]$" (toString .Values.certs.renewBefore)) -}}
+{{- fail (printf "certs.renewBefore must be a whole number of d, h, m or s (like 30d), not %q" (toString .Values.certs.renewBefore)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Pod of the renew/inject Job and CronJob: generate (renews if due) then inject the CA. */}}
