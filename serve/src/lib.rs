@@ -28,7 +28,7 @@ use thiserror::Error;
 
 /// A duration flag that does not parse.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{input:?} is not a duration: write a number with a unit, like 10s, 500ms or 2m")]
+#[error("{input:?} is not a duration: write a whole number greater than zero with a unit, like 10s, 500ms or 2m")]
 pub struct DurationError {
     input: String,
 }
