@@ -60,11 +60,32 @@ pub fn record_allocation(host_dir: &Path, claim: &Claim) {
 
 /// Removes the records, limits files and accounting directories of pods no longer on the node.
 pub fn forget_pods(host_dir: &Path, keep: impl Fn(&str) -> bool) {
+    forget_pods_listed_at(host_dir, keep, None);
+}
+
+/// [`forget_pods`] after a LIST that began at `listed_at`: a record written since then (an Allocate
+/// for a pod the list could not contain yet) is kept whatever `keep` says.
+pub fn forget_pods_listed_at(
+    host_dir: &Path,
+    keep: impl Fn(&str) -> bool,
+    listed_at: Option<std::time::SystemTime>,
+) {
     for rec in read_records(host_dir) {
         if keep(&rec.uid) {
             continue;
         }
         let name = format!("{}_{}", rec.uid, rec.container);
+        let written =
+            std::fs::metadata(host_dir.join(ALLOCATIONS_DIR).join(format!("{name}.json")))
+                .and_then(|m| m.modified())
+                .ok();
+        // A second of margin: file times come from a coarser clock than SystemTime::now().
+        let since = listed_at.map(|t| t - std::time::Duration::from_secs(1));
+        if let (Some(since), Some(written)) = (since, written) {
+            if written >= since {
+                continue;
+            }
+        }
         let _ = std::fs::remove_file(host_dir.join(ALLOCATIONS_DIR).join(format!("{name}.json")));
         let _ = std::fs::remove_file(crate::allocate::limits_path(
             host_dir,
@@ -268,4 +289,51 @@ pub fn router(
             }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn write(host: &Path, uid: &str) {
+        let rec = AllocationRecord {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container: "main".into(),
+            devices: Vec::new(),
+        };
+        std::fs::create_dir_all(host.join(ALLOCATIONS_DIR)).unwrap();
+        std::fs::write(
+            host.join(ALLOCATIONS_DIR).join(format!("{uid}_main.json")),
+            serde_json::to_vec(&rec).unwrap(),
+        )
+        .unwrap();
+        std::fs::create_dir_all(
+            host.join(crate::allocate::CONTAINERS_DIR)
+                .join(format!("{uid}_main")),
+        )
+        .unwrap();
+    }
+
+    /// A record written after the LIST began belongs to a pod that list could not show yet: the
+    /// sweep after that list keeps it; an older record of a pod the list did not show goes.
+    #[test]
+    fn a_sweep_keeps_what_was_allocated_after_its_list_began() {
+        let host = tempfile::tempdir().unwrap();
+        write(host.path(), "new");
+        let before = SystemTime::now() - Duration::from_secs(10);
+        forget_pods_listed_at(host.path(), |_| false, Some(before));
+        assert_eq!(read_records(host.path()).len(), 1);
+        let after = SystemTime::now() + Duration::from_secs(10);
+        forget_pods_listed_at(host.path(), |_| false, Some(after));
+        assert!(read_records(host.path()).is_empty());
+        assert!(!host
+            .path()
+            .join(crate::allocate::CONTAINERS_DIR)
+            .join("new_main")
+            .exists());
+    }
 }

@@ -17,6 +17,8 @@ pub async fn run(shared: Arc<Shared>, api: kube::Api<Pod>) {
     let mut stream =
         kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, cfg)).boxed();
     let mut relist: Vec<PodEntry> = Vec::new();
+    // When the current (re-)list began: Allocate may write a record for a pod that list missed.
+    let mut listed_at = std::time::SystemTime::now();
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(Event::Apply(p)) => {
@@ -31,14 +33,21 @@ pub async fn run(shared: Arc<Shared>, api: kube::Api<Pod>) {
                     crate::metrics::forget_pods(&shared.settings.host_dir, |u| u != gone);
                 }
             }
-            Ok(Event::Init) => relist.clear(),
+            Ok(Event::Init) => {
+                relist.clear();
+                listed_at = std::time::SystemTime::now();
+            }
             Ok(Event::InitApply(p)) => relist.extend(PodEntry::from_pod(&p, &node)),
             Ok(Event::InitDone) => {
                 let entries = std::mem::take(&mut relist);
                 let uids: std::collections::HashSet<String> =
                     entries.iter().map(|e| e.uid.clone()).collect();
                 shared.with_pods(|c| c.replace_all(entries));
-                crate::metrics::forget_pods(&shared.settings.host_dir, |u| uids.contains(u));
+                crate::metrics::forget_pods_listed_at(
+                    &shared.settings.host_dir,
+                    |u| uids.contains(u),
+                    Some(listed_at),
+                );
                 tracing::info!(pods = uids.len(), "pod cache synced");
             }
             Err(e) => tracing::warn!(error = %e, "pod watch error; retrying"),
