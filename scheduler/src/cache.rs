@@ -205,9 +205,11 @@ pub struct Cluster {
     generation: u64,
     /// Placed containers by (milli-GPU per GPU, GPUs): the typical pods of the live table.
     shape_counts: HashMap<(u32, u32), u64>,
-    /// The fragmentation policy's table: from a file when `fixed_frag`, else from `shape_counts`.
-    frag: LiveFrag,
-    fixed_frag: bool,
+    /// The fragmentation policy's table from a file.
+    fixed_frag: Option<LiveFrag>,
+    /// The table from `shape_counts`, built when first needed after a change (a relist of
+    /// thousands of pods then builds it once, not once per pod).
+    live_frag: std::sync::OnceLock<LiveFrag>,
 }
 
 /// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
@@ -218,6 +220,7 @@ pub struct Scorer<'a> {
     now: u64,
     /// The pod's type lists' verdict per model id, when it has type lists.
     verdicts: Vec<bool>,
+    frag: Option<&'a LiveFrag>,
 }
 
 /// Why a node failed a [`Scorer::score_lean`], cheap to make; [`Scorer::write_fail`] writes the
@@ -247,8 +250,19 @@ impl<'a> Scorer<'a> {
     /// [`Scorer::score`] without allocating: `buf` is reused from node to node, and a failure
     /// is only described ([`Scorer::write_fail`] writes its message).
     pub fn score_lean(&self, name: &str, buf: &mut PlaceBuf) -> Result<u32, Fail<'a>> {
+        self.score_at(name, &mut None, buf)
+    }
+
+    /// [`Scorer::score_lean`] trying the dense slot `hint` first; `hint`
+    /// is left at the node's slot.
+    pub fn score_at(
+        &self,
+        name: &str,
+        hint: &mut Option<u32>,
+        buf: &mut PlaceBuf,
+    ) -> Result<u32, Fail<'a>> {
         let c = self.cluster;
-        let Some(view) = c.dense.get(name) else {
+        let Some(view) = c.dense.get_at(name, hint) else {
             return Err(Fail::Unknown);
         };
         match view.state {
@@ -257,7 +271,7 @@ impl<'a> Scorer<'a> {
             _ => return Err(Fail::Unusable),
         }
         let set = self.set(view.gpus, name);
-        placement::score_buf(&set, self.pod, buf, c.frag()).map_err(|m| Fail::Miss(view.gpus, m))
+        placement::score_buf(&set, self.pod, buf, self.frag).map_err(|m| Fail::Miss(view.gpus, m))
     }
 
     fn set<'s>(&'s self, hot: &'s [GpuHot], name: &'s str) -> DenseSet<'s> {
@@ -357,8 +371,8 @@ impl Cluster {
             models: Models::default(),
             generation: 0,
             shape_counts: HashMap::new(),
-            frag: LiveFrag::default(),
-            fixed_frag: false,
+            fixed_frag: None,
+            live_frag: std::sync::OnceLock::new(),
         }
     }
 
@@ -371,11 +385,7 @@ impl Cluster {
     /// Uses this typical-pod table for the `fragmentation` policies instead of the one built from
     /// the placed pods (`None`: back to the placed pods).
     pub fn set_typical_pods(&mut self, table: Option<LiveFrag>) {
-        self.fixed_frag = table.is_some();
-        self.frag = table.unwrap_or_default();
-        if !self.fixed_frag {
-            self.rebuild_frag();
-        }
+        self.fixed_frag = table;
         self.generation += 1;
     }
 
@@ -385,10 +395,14 @@ impl Cluster {
     }
 
     fn frag(&self) -> Option<&LiveFrag> {
-        (!self.frag.is_empty()).then_some(&self.frag)
+        let t = match &self.fixed_frag {
+            Some(t) => t,
+            None => self.live_frag.get_or_init(|| self.live_table()),
+        };
+        (!t.is_empty()).then_some(t)
     }
 
-    fn rebuild_frag(&mut self) {
+    fn live_table(&self) -> LiveFrag {
         use vgpu_core::placement::frag::{typical_pods, ModelMask, PodShape};
         let mut counts: Vec<(PodShape, u64)> = self
             .shape_counts
@@ -407,7 +421,7 @@ impl Cluster {
             .collect();
         // Deterministic whatever the map's order.
         counts.sort_by_key(|(s, _)| (s.gpu_milli, s.num_gpu));
-        self.frag = LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT));
+        LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT))
     }
 
     /// (milli-GPU per GPU, GPUs) of each container: per GPU the larger of its memory and cores
@@ -451,9 +465,7 @@ impl Cluster {
                 }
             }
         }
-        if !self.fixed_frag {
-            self.rebuild_frag();
-        }
+        self.live_frag = std::sync::OnceLock::new();
         self.generation += 1;
     }
 
@@ -725,6 +737,7 @@ impl Cluster {
             pod,
             now,
             verdicts,
+            frag: self.frag(),
         }
     }
 
@@ -1021,6 +1034,68 @@ mod tests {
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 6144);
+    }
+
+    /// The typical-pod table follows the placed pods (shapes from their assignments on the
+    /// node's cards), and a `fragmentation` GPU policy then picks another GPU than binpack.
+    #[test]
+    fn typical_pods_come_from_placed_pods_and_steer_the_fragmentation_policy() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        c.apply_node(
+            "n1",
+            Some(&inventory(&[("GPU-a", 10000), ("GPU-b", 10000)])),
+            Some(&hb),
+        );
+        assert!(c.typical_pods().is_none());
+        // The placed pods: 40 % and 50 % of a card.
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 4000)),
+            false,
+        );
+        c.apply_pod(
+            "u2",
+            Some("n1"),
+            Some(assignment("n1", "GPU-b", 5000)),
+            false,
+        );
+        let before = c.generation();
+        let t = c.typical_pods().unwrap().clone();
+        // Both shapes are typical: a GPU with 45 % free fits the 40 % pod only.
+        assert!(t.fragmentation(&[450]) > 0.0 && t.fragmentation(&[500]) == 0.0);
+        // A 10 % pod: binpack takes the fuller GPU-b (50 % free -> 40 %), fragmentation GPU-a
+        // (60 % free -> 50 %: still room for either typical pod; GPU-b keeps 50 %).
+        let mut pod = PodRequest::simple(vec![ContainerRequest {
+            name: "main".into(),
+            request: VgpuRequest {
+                gpus: 1,
+                memory: Memory::Percent(10),
+                cores: 0,
+            },
+        }]);
+        pod.gpu_policy = placement::Policy::Binpack;
+        let (a, _) = c.check("n1", &pod, NOW).unwrap();
+        assert_eq!(a[0].devices[0].uuid, "GPU-b");
+        pod.gpu_policy = placement::Policy::Fragmentation;
+        let a = c.assume("u3", "n1", &pod, NOW, Instant::now()).unwrap();
+        assert_eq!(a.containers[0].devices[0].uuid, "GPU-a");
+        assert!(c.generation() > before);
+        // Pods leaving take their shapes with them; a file's table replaces the live one.
+        for u in ["u1", "u2", "u3"] {
+            c.delete_pod(u);
+        }
+        assert!(c.typical_pods().is_none());
+        c.set_typical_pods(Some(t.clone()));
+        assert_eq!(c.typical_pods(), Some(&t));
+        c.apply_pod(
+            "u4",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 9000)),
+            false,
+        );
+        assert_eq!(c.typical_pods(), Some(&t));
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub struct AppState {
     pub pods_synced: AtomicBool,
     /// Pod UID to the hash of the node names its last filter passed, and their scores in order.
     scores: Mutex<HashMap<String, Memo>>,
+    /// Dense slots of the last filter's names, by position: tried first by the next filter.
+    slot_hints: Mutex<Vec<Option<u32>>>,
 }
 
 /// Now, in Unix seconds.
@@ -178,6 +180,7 @@ impl AppState {
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
             scores: Mutex::new(HashMap::new()),
+            slot_hints: Mutex::new(Vec::new()),
         }
     }
 
@@ -214,12 +217,14 @@ impl AppState {
         mut pass: impl FnMut(&'n str, u32),
         mut fail: impl FnMut(&'n str, &str),
     ) -> u64 {
+        let mut hints = std::mem::take(&mut *lock(&self.slot_hints));
+        hints.resize(names.len(), None);
         let cluster = read(&self.cluster);
         let scorer = cluster.scorer(req, now);
         let mut buf = PlaceBuf::default();
         let mut msg = String::new();
-        for &n in names {
-            match scorer.score_lean(n, &mut buf) {
+        for (&n, hint) in names.iter().zip(hints.iter_mut()) {
+            match scorer.score_at(n, hint, &mut buf) {
                 Ok(score) => pass(n, score),
                 Err(f) => {
                     msg.clear();
@@ -228,7 +233,10 @@ impl AppState {
                 }
             }
         }
-        cluster.generation()
+        let generation = cluster.generation();
+        drop(cluster);
+        *lock(&self.slot_hints) = hints;
+        generation
     }
 
     /// Keeps a filter's scores for the prioritize call that follows.
@@ -260,8 +268,9 @@ impl AppState {
         }
         let scorer = cluster.scorer(req, now);
         let mut buf = PlaceBuf::default();
+        let mut hint = None;
         for &n in names {
-            out(n, scorer.score_lean(n, &mut buf).unwrap_or(0));
+            out(n, scorer.score_at(n, &mut hint, &mut buf).unwrap_or(0));
         }
     }
 

@@ -228,11 +228,13 @@ impl GpuHot {
     }
 
     /// The model key.
+    #[inline]
     pub fn model_key(&self) -> u32 {
         self.model_key
     }
 
     /// Use in per-mille: the mean of the memory and the cores fractions in use.
+    #[inline]
     fn use_permille(&self, used_mib: u64, used_cores: u32) -> u64 {
         let mem = permille(used_mib, self.memory_mib, self.mem_scale);
         let cores = permille(
@@ -297,6 +299,7 @@ fn permille_scale(total: u64) -> u64 {
     (1000u64 << 32).div_ceil(total.max(1))
 }
 
+#[inline]
 fn permille(used: u64, total: u64, scale: u64) -> u64 {
     if total == 0 {
         return 1000;
@@ -419,10 +422,12 @@ impl GpuFilter {
     }
 
     /// Whether the type lists say anything.
+    #[inline]
     pub fn typed(&self) -> bool {
         !self.use_types.is_empty() || !self.nouse_types.is_empty()
     }
 
+    #[inline]
     fn uuids(&self) -> bool {
         !self.use_uuids.is_empty() || !self.nouse_uuids.is_empty()
     }
@@ -673,6 +678,7 @@ struct Scratch {
 
 impl Scratch {
     /// This GPU's usage once a slice of `r` is added (what placement does to the chosen GPUs).
+    #[inline]
     fn with(self, g: &GpuHot, r: &VgpuRequest) -> Scratch {
         let exclusive = r.cores >= EXCLUSIVE_CORES;
         Scratch {
@@ -685,6 +691,7 @@ impl Scratch {
         }
     }
 
+    #[inline]
     fn of(g: &GpuHot) -> Scratch {
         Scratch {
             used_mib: g.used_mib,
