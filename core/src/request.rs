@@ -110,6 +110,7 @@ impl VgpuRequest {
     }
 
     /// Device memory per vGPU on a card of `card_mib` MiB.
+    #[inline]
     pub fn mib_per_gpu(&self, card_mib: u64) -> u64 {
         match self.memory {
             Memory::Mib(m) => m,

@@ -119,6 +119,13 @@ fn decide_json(s: &AppState, filter_body: &[u8], now: u64) -> usize {
     out.len() + serde_json::to_vec(&p).unwrap().len()
 }
 
+/// What the two HTTP handlers do besides axum, for a filter body and the prioritize body that
+/// follows it (kube-scheduler's own encoding of that body is not timed).
+fn handlers_json(s: &AppState, filter_body: &[u8], prioritize_body: &[u8], now: u64) -> usize {
+    s.filter_json(filter_body, now).unwrap().body.len()
+        + s.prioritize_json(prioritize_body, now).unwrap().body.len()
+}
+
 fn bench(c: &mut Criterion) {
     let (s, names) = cluster();
     let now = unix_now();
@@ -160,8 +167,25 @@ fn bench(c: &mut Criterion) {
 
     // The tail: single decisions, one after another on this thread.
     let typed_body = serde_json::to_vec(&typed).unwrap();
+    let p_body = |a: &ExtenderArgs| {
+        serde_json::to_vec(&ExtenderArgs {
+            pod: a.pod.clone(),
+            nodes: None,
+            nodenames: s.filter(a, now).nodenames,
+        })
+        .unwrap()
+    };
+    let (vgpu_p, typed_p) = (p_body(&vgpu), p_body(&typed));
     type Decide<'a> = Box<dyn Fn() -> usize + 'a>;
-    let cases: [(&str, Decide<'_>); 4] = [
+    let cases: [(&str, Decide<'_>); 6] = [
+        (
+            "handlers JSON, 1 GPU 8 GiB 30%",
+            Box::new(|| handlers_json(&s, &body, &vgpu_p, now)),
+        ),
+        (
+            "handlers JSON, 2 GPUs 25% a100",
+            Box::new(|| handlers_json(&s, &typed_body, &typed_p, now)),
+        ),
         ("1 GPU 8 GiB 30%", Box::new(|| decide(&s, &vgpu, now))),
         ("2 GPUs 25% a100", Box::new(|| decide(&s, &typed, now))),
         (

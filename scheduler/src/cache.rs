@@ -19,7 +19,10 @@ use std::cell::OnceCell;
 
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
-use vgpu_core::placement::{self, Gpu, GpuFilter, GpuHot, GpuSet, NodeGpus, PodRequest};
+use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::placement::{
+    self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NodeGpus, PlaceBuf, PodRequest,
+};
 
 use crate::dense::{self, Dense};
 
@@ -109,6 +112,8 @@ struct Placed {
     containers: Vec<ContainerAssignment>,
     /// When it was assumed; `None` once the watch shows it.
     assumed: Option<Instant>,
+    /// Its containers' (milli-GPU per GPU, GPUs), counted in the typical-pod table.
+    shapes: Vec<(u32, u32)>,
 }
 
 /// Counts of nodes by state, for metrics.
@@ -141,23 +146,47 @@ pub struct GpuReport {
     pub healthy: bool,
 }
 
-/// GPU models seen, lower-cased, numbered in order of appearance (never forgotten: a cluster has
-/// few), so a filter tests the pod's type lists once per model instead of once per node.
+/// GPU models seen, numbered in order of appearance (never forgotten: a cluster has few), so a
+/// filter tests the pod's type lists once per model instead of once per node. Each spelling has
+/// its own number (messages show the model as reported); spellings equal but for case share a
+/// group (type lists ignore case, and a message lists such models once, as the node entry does).
 #[derive(Debug, Default)]
 struct Models {
     ids: HashMap<String, u32>,
+    name: Vec<String>,
+    group: Vec<u32>,
+    group_ids: HashMap<String, u32>,
     lower: Vec<String>,
 }
 
 impl Models {
-    fn id(&mut self, lower: &str) -> u32 {
-        if let Some(&id) = self.ids.get(lower) {
+    fn id(&mut self, model: &str) -> u32 {
+        if let Some(&id) = self.ids.get(model) {
             return id;
         }
-        let id = self.lower.len() as u32;
-        self.lower.push(lower.to_string());
-        self.ids.insert(lower.to_string(), id);
+        let lower = model.to_ascii_lowercase();
+        let group = match self.group_ids.get(&lower) {
+            Some(&g) => g,
+            None => {
+                let g = self.lower.len() as u32;
+                self.lower.push(lower.clone());
+                self.group_ids.insert(lower, g);
+                g
+            }
+        };
+        let id = self.name.len() as u32;
+        self.name.push(model.to_string());
+        self.group.push(group);
+        self.ids.insert(model.to_string(), id);
         id
+    }
+
+    fn name(&self, id: u32) -> &str {
+        self.name.get(id as usize).map_or("", String::as_str)
+    }
+
+    fn group(&self, id: u32) -> Option<u32> {
+        self.group.get(id as usize).copied()
     }
 }
 
@@ -172,6 +201,15 @@ pub struct Cluster {
     /// The hot copy of every node's state and GPUs that filters read.
     dense: Dense,
     models: Models,
+    /// Bumped on every change to what a decision reads.
+    generation: u64,
+    /// Placed containers by (milli-GPU per GPU, GPUs): the typical pods of the live table.
+    shape_counts: HashMap<(u32, u32), u64>,
+    /// The fragmentation policy's table from a file.
+    fixed_frag: Option<LiveFrag>,
+    /// The table from `shape_counts`, built when first needed after a change (a relist of
+    /// thousands of pods then builds it once, not once per pod).
+    live_frag: std::sync::OnceLock<LiveFrag>,
 }
 
 /// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
@@ -182,40 +220,101 @@ pub struct Scorer<'a> {
     now: u64,
     /// The pod's type lists' verdict per model id, when it has type lists.
     verdicts: Vec<bool>,
+    frag: Option<&'a LiveFrag>,
 }
 
-impl Scorer<'_> {
+/// Why a node failed a [`Scorer::score_lean`], cheap to make; [`Scorer::write_fail`] writes the
+/// message.
+#[derive(Debug, Clone, Copy)]
+pub enum Fail<'a> {
+    /// No such node.
+    Unknown,
+    /// Not usable (no inventory, stale heartbeat...): the node entry says why.
+    Unusable,
+    /// A container does not fit its GPUs.
+    Miss(&'a [GpuHot], Miss),
+}
+
+impl<'a> Scorer<'a> {
     /// Whether the pod fits on node `name`, and its score, or the message for kube-scheduler;
     /// the same decision as [`Cluster::check`] without building the placement.
     pub fn score(&self, name: &str) -> Result<u32, String> {
+        let mut buf = PlaceBuf::default();
+        self.score_lean(name, &mut buf).map_err(|f| {
+            let mut msg = String::new();
+            self.write_fail(&mut msg, name, &f);
+            msg
+        })
+    }
+
+    /// [`Scorer::score`] without allocating: `buf` is reused from node to node, and a failure
+    /// is only described ([`Scorer::write_fail`] writes its message).
+    pub fn score_lean(&self, name: &str, buf: &mut PlaceBuf) -> Result<u32, Fail<'a>> {
+        self.score_at(name, &mut None, buf)
+    }
+
+    /// [`Scorer::score_lean`] trying the dense slot `hint` first; `hint`
+    /// is left at the node's slot.
+    pub fn score_at(
+        &self,
+        name: &str,
+        hint: &mut Option<u32>,
+        buf: &mut PlaceBuf,
+    ) -> Result<u32, Fail<'a>> {
         let c = self.cluster;
-        let Some(view) = c.dense.get(name) else {
-            return Err(format!(
-                "{name}: not known to the vGPU extender (no Node object seen)"
-            ));
+        let Some(view) = c.dense.get_at(name, hint) else {
+            return Err(Fail::Unknown);
         };
         match view.state {
             dense::State::Heartbeat(t)
                 if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() => {}
-            // Not usable: the entry says why.
-            _ => return c.score_cold(name, self.pod, self.now),
+            _ => return Err(Fail::Unusable),
         }
-        let set = DenseSet {
-            hot: view.gpus,
+        let set = self.set(view.gpus, name);
+        placement::score_buf(&set, self.pod, buf, self.frag).map_err(|m| Fail::Miss(view.gpus, m))
+    }
+
+    fn set<'s>(&'s self, hot: &'s [GpuHot], name: &'s str) -> DenseSet<'s> {
+        DenseSet {
+            hot,
             verdicts: &self.verdicts,
-            nodes: &c.nodes,
+            models: &self.cluster.models,
+            nodes: &self.cluster.nodes,
             name,
             cold: OnceCell::new(),
-        };
-        placement::score_set(&set, self.pod).map_err(|u| format!("{name}: {u}"))
+        }
+    }
+
+    /// Appends the message for node `name`'s failure (`node-7: no GPU with …`).
+    pub fn write_fail(&self, out: &mut String, name: &str, fail: &Fail<'_>) {
+        use std::fmt::Write;
+        match fail {
+            Fail::Unknown => {
+                let _ = write!(
+                    out,
+                    "{name}: not known to the vGPU extender (no Node object seen)"
+                );
+            }
+            Fail::Unusable => {
+                if let Err(m) = self.cluster.score_cold(name, self.pod, self.now) {
+                    out.push_str(&m);
+                }
+            }
+            Fail::Miss(hot, m) => {
+                let set = self.set(hot, name);
+                let _ = write!(out, "{name}: ");
+                let _ = placement::write_miss(out, &set, self.pod, m);
+            }
+        }
     }
 }
 
-/// A node's GPUs as the dense copy holds them; names come from the node entry, found only when a
-/// list, message or assignment needs them.
+/// A node's GPUs as the dense copy holds them; UUIDs come from the node entry, found only when a
+/// UUID list, a message or an assignment needs them.
 struct DenseSet<'a> {
     hot: &'a [GpuHot],
     verdicts: &'a [bool],
+    models: &'a Models,
     nodes: &'a NodeMap<NodeEntry>,
     name: &'a str,
     cold: OnceCell<Option<&'a NodeGpus>>,
@@ -236,11 +335,17 @@ impl GpuSet for DenseSet<'_> {
     fn hot(&self, i: usize) -> GpuHot {
         self.hot[i]
     }
+    fn hot_slice(&self) -> Option<&[GpuHot]> {
+        Some(self.hot)
+    }
     fn uuid(&self, i: usize) -> &str {
         self.cold(i).map_or("", |g| g.uuid.as_str())
     }
     fn model(&self, i: usize) -> &str {
-        self.cold(i).map_or("", |g| g.model.as_str())
+        self.models.name(self.hot[i].model_key())
+    }
+    fn same_model(&self, i: usize, j: usize) -> bool {
+        self.models.group(self.hot[i].model_key()) == self.models.group(self.hot[j].model_key())
     }
     fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool {
         match self.verdicts.get(self.hot[i].model_key() as usize) {
@@ -264,7 +369,104 @@ impl Cluster {
             assume_ttl,
             dense: Dense::default(),
             models: Models::default(),
+            generation: 0,
+            shape_counts: HashMap::new(),
+            fixed_frag: None,
+            live_frag: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A number that changes whenever anything a decision reads changes (so a result computed
+    /// at one value is still right while it stays).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Uses this typical-pod table for the `fragmentation` policies instead of the one built from
+    /// the placed pods (`None`: back to the placed pods).
+    pub fn set_typical_pods(&mut self, table: Option<LiveFrag>) {
+        self.fixed_frag = table;
+        self.generation += 1;
+    }
+
+    /// The table the `fragmentation` policies use, when it knows any GPU pod.
+    pub fn typical_pods(&self) -> Option<&LiveFrag> {
+        self.frag()
+    }
+
+    fn frag(&self) -> Option<&LiveFrag> {
+        let t = match &self.fixed_frag {
+            Some(t) => t,
+            None => self.live_frag.get_or_init(|| self.live_table()),
+        };
+        (!t.is_empty()).then_some(t)
+    }
+
+    fn live_table(&self) -> LiveFrag {
+        use vgpu_core::placement::frag::{typical_pods, ModelMask, PodShape};
+        let mut counts: Vec<(PodShape, u64)> = self
+            .shape_counts
+            .iter()
+            .map(|(&(gpu_milli, num_gpu), &n)| {
+                (
+                    PodShape {
+                        cpu_milli: 0,
+                        gpu_milli,
+                        num_gpu,
+                        models: ModelMask::ANY,
+                    },
+                    n,
+                )
+            })
+            .collect();
+        // Deterministic whatever the map's order.
+        counts.sort_by_key(|(s, _)| (s.gpu_milli, s.num_gpu));
+        LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT))
+    }
+
+    /// (milli-GPU per GPU, GPUs) of each container: per GPU the larger of its memory and cores
+    /// shares of that card, the largest over the container's GPUs. GPUs the node does not list
+    /// are left out.
+    fn shapes_of(&self, node: &str, containers: &[ContainerAssignment]) -> Vec<(u32, u32)> {
+        let Some(e) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        containers
+            .iter()
+            .filter_map(|c| {
+                let mut milli = 0u64;
+                let mut n = 0u32;
+                for d in &c.devices {
+                    let Some(g) = e.gpus.gpus().iter().find(|g| g.uuid == d.uuid) else {
+                        continue;
+                    };
+                    let mem = d.memory_mib.saturating_mul(1000) / g.memory_mib.max(1);
+                    let cores = u64::from(d.cores.min(100)) * 10;
+                    milli = milli.max(mem.max(cores));
+                    n += 1;
+                }
+                (n > 0).then_some((milli.clamp(1, 1000) as u32, n))
+            })
+            .collect()
+    }
+
+    fn count_shapes(&mut self, shapes: &[(u32, u32)], add: bool) {
+        if shapes.is_empty() {
+            return;
+        }
+        for s in shapes {
+            let n = self.shape_counts.entry(*s).or_insert(0);
+            if add {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.shape_counts.remove(s);
+                }
+            }
+        }
+        self.live_frag = std::sync::OnceLock::new();
+        self.generation += 1;
     }
 
     /// Copies a node's state and GPUs into the dense copy (or drops it there, when gone).
@@ -273,8 +475,10 @@ impl Cluster {
             nodes,
             dense,
             models,
+            generation,
             ..
         } = self;
+        *generation += 1;
         let Some(e) = nodes.get(name) else {
             dense.remove(name);
             return;
@@ -287,7 +491,7 @@ impl Cluster {
             .gpus
             .gpus()
             .iter()
-            .map(|g| g.hot().with_model_key(models.id(g.model_lower())));
+            .map(|g| g.hot().with_model_key(models.id(&g.model)));
         dense.set(name, state, gpus);
     }
 
@@ -353,6 +557,7 @@ impl Cluster {
 
     fn unplace(&mut self, uid: &str) -> Option<Placed> {
         let old = self.pods.remove(uid)?;
+        self.count_shapes(&old.shapes, false);
         if let Some(e) = self.nodes.get_mut(&old.node) {
             e.pods.remove(uid);
         }
@@ -360,8 +565,10 @@ impl Cluster {
         Some(old)
     }
 
-    fn place_entry(&mut self, uid: &str, p: Placed) {
+    fn place_entry(&mut self, uid: &str, mut p: Placed) {
         let node = p.node.clone();
+        p.shapes = self.shapes_of(&node, &p.containers);
+        self.count_shapes(&p.shapes, true);
         self.pods.insert(uid.to_string(), p);
         self.nodes
             .entry(node.clone())
@@ -390,6 +597,7 @@ impl Cluster {
                     node,
                     containers: a.containers,
                     assumed: None,
+                    shapes: Vec::new(),
                 })
             }
             _ => None,
@@ -397,7 +605,10 @@ impl Cluster {
         match placed {
             Some(p) => {
                 self.assumed.remove(uid);
-                if self.pods.get(uid) != Some(&p) {
+                let same = |o: &Placed| {
+                    o.node == p.node && o.containers == p.containers && o.assumed == p.assumed
+                };
+                if !self.pods.get(uid).is_some_and(same) {
                     self.unplace(uid);
                     self.place_entry(uid, p);
                 }
@@ -495,7 +706,7 @@ impl Cluster {
         if let Some(why) = self.unusable(name, e, now) {
             return Err(why);
         }
-        placement::place_scored(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
+        placement::place_scored_with(&e.gpus, pod, self.frag()).map_err(|u| format!("{name}: {u}"))
     }
 
     /// Whether `pod` fits on node `name` now, and its score, or the message; the same decision as
@@ -507,10 +718,16 @@ impl Cluster {
     /// Scores `pod` against nodes by name, from the dense copy; `now` is Unix seconds.
     pub fn scorer<'a>(&'a self, pod: &'a PodRequest, now: u64) -> Scorer<'a> {
         let verdicts = if pod.filter.typed() {
-            self.models
+            let groups: Vec<bool> = self
+                .models
                 .lower
                 .iter()
                 .map(|m| pod.filter.type_ok_lower(m))
+                .collect();
+            self.models
+                .group
+                .iter()
+                .map(|&g| groups.get(g as usize).copied().unwrap_or(false))
                 .collect()
         } else {
             Vec::new()
@@ -520,6 +737,7 @@ impl Cluster {
             pod,
             now,
             verdicts,
+            frag: self.frag(),
         }
     }
 
@@ -533,7 +751,8 @@ impl Cluster {
         if let Some(why) = self.unusable(name, e, now) {
             return Err(why);
         }
-        placement::score(&e.gpus, pod).map_err(|u| format!("{name}: {u}"))
+        placement::score_buf(&e.gpus, pod, &mut PlaceBuf::default(), self.frag())
+            .map_err(|m| format!("{name}: {}", m.to_unfit(&e.gpus, pod)))
     }
 
     /// Places `pod` (uid `uid`) on `node` and records the assumption; fails, changing nothing, when
@@ -557,6 +776,7 @@ impl Cluster {
                         node: node.to_string(),
                         containers: containers.clone(),
                         assumed: Some(at),
+                        shapes: Vec::new(),
                     },
                 );
                 Ok(PodAssignment::new(node, containers))
@@ -814,6 +1034,68 @@ mod tests {
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 6144);
+    }
+
+    /// The typical-pod table follows the placed pods (shapes from their assignments on the
+    /// node's cards), and a `fragmentation` GPU policy then picks another GPU than binpack.
+    #[test]
+    fn typical_pods_come_from_placed_pods_and_steer_the_fragmentation_policy() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        c.apply_node(
+            "n1",
+            Some(&inventory(&[("GPU-a", 10000), ("GPU-b", 10000)])),
+            Some(&hb),
+        );
+        assert!(c.typical_pods().is_none());
+        // The placed pods: 40 % and 50 % of a card.
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 4000)),
+            false,
+        );
+        c.apply_pod(
+            "u2",
+            Some("n1"),
+            Some(assignment("n1", "GPU-b", 5000)),
+            false,
+        );
+        let before = c.generation();
+        let t = c.typical_pods().unwrap().clone();
+        // Both shapes are typical: a GPU with 45 % free fits the 40 % pod only.
+        assert!(t.fragmentation(&[450]) > 0.0 && t.fragmentation(&[500]) == 0.0);
+        // A 10 % pod: binpack takes the fuller GPU-b (50 % free -> 40 %), fragmentation GPU-a
+        // (60 % free -> 50 %: still room for either typical pod; GPU-b keeps 50 %).
+        let mut pod = PodRequest::simple(vec![ContainerRequest {
+            name: "main".into(),
+            request: VgpuRequest {
+                gpus: 1,
+                memory: Memory::Percent(10),
+                cores: 0,
+            },
+        }]);
+        pod.gpu_policy = placement::Policy::Binpack;
+        let (a, _) = c.check("n1", &pod, NOW).unwrap();
+        assert_eq!(a[0].devices[0].uuid, "GPU-b");
+        pod.gpu_policy = placement::Policy::Fragmentation;
+        let a = c.assume("u3", "n1", &pod, NOW, Instant::now()).unwrap();
+        assert_eq!(a.containers[0].devices[0].uuid, "GPU-a");
+        assert!(c.generation() > before);
+        // Pods leaving take their shapes with them; a file's table replaces the live one.
+        for u in ["u1", "u2", "u3"] {
+            c.delete_pod(u);
+        }
+        assert!(c.typical_pods().is_none());
+        c.set_typical_pods(Some(t.clone()));
+        assert_eq!(c.typical_pods(), Some(&t));
+        c.apply_pod(
+            "u4",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 9000)),
+            false,
+        );
+        assert_eq!(c.typical_pods(), Some(&t));
     }
 
     #[test]

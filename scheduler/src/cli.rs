@@ -41,12 +41,18 @@ pub struct Cli {
     /// The kube-scheduler profile this extender serves.
     #[arg(long, env = "VGPU_SCHEDULER_NAME", default_value = "vgpu-scheduler")]
     pub scheduler_name: String,
-    /// Node policy for pods without `hami.io/node-scheduler-policy`: binpack or spread.
+    /// Node policy for pods without `hami.io/node-scheduler-policy`: binpack, spread or
+    /// fragmentation.
     #[arg(long, env = "VGPU_SCHEDULER_NODE_POLICY", default_value = "binpack")]
     pub node_policy: Policy,
-    /// GPU policy for pods without `hami.io/gpu-scheduler-policy`: binpack or spread.
+    /// GPU policy for pods without `hami.io/gpu-scheduler-policy`: binpack, spread or
+    /// fragmentation.
     #[arg(long, env = "VGPU_SCHEDULER_GPU_POLICY", default_value = "spread")]
     pub gpu_policy: Policy,
+    /// JSON list of typical pod shapes (`[{"gpus": 1, "percent": 50, "count": 80}, ...]`) for the
+    /// fragmentation policy; without it the table is built from the placed vGPU pods.
+    #[arg(long, env = "VGPU_SCHEDULER_TYPICAL_PODS")]
+    pub typical_pods: Option<PathBuf>,
     /// Leave out nodes whose device-plugin heartbeat is older than this many seconds.
     #[arg(long, env = "VGPU_SCHEDULER_HEARTBEAT_TIMEOUT", default_value_t = 120)]
     pub heartbeat_timeout_seconds: u64,
@@ -119,9 +125,9 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The decision settings.
-    pub fn settings(&self) -> Settings {
-        Settings {
+    /// The decision settings (reading `--typical-pods`).
+    pub fn settings(&self) -> Result<Settings, crate::typical::TypicalError> {
+        Ok(Settings {
             node_policy: self.node_policy,
             gpu_policy: self.gpu_policy,
             heartbeat_timeout: Duration::from_secs(self.heartbeat_timeout_seconds),
@@ -136,7 +142,11 @@ impl Cli {
                 },
                 ..RequestPolicy::default()
             },
-        }
+            typical_pods: match &self.typical_pods {
+                Some(p) => Some(crate::typical::load(p)?),
+                None => None,
+            },
+        })
     }
 }
 
@@ -204,7 +214,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.metrics_listen.port(), 9395);
-        let s = cli.settings();
+        let s = cli.settings().unwrap();
         assert_eq!(
             (s.node_policy, s.gpu_policy),
             (Policy::Binpack, Policy::Spread)
@@ -217,7 +227,8 @@ mod tests {
         assert_eq!((api.max_body, metrics.max_body), (64 << 20, 64 * 1024));
         let e = Cli::try_parse_from(["vgpu-scheduler", "--node-policy=fgd"]).unwrap_err();
         assert!(
-            e.to_string().contains("is not one of binpack, spread"),
+            e.to_string()
+                .contains("is not one of binpack, spread, fragmentation"),
             "{e}"
         );
     }
@@ -233,7 +244,7 @@ mod tests {
             "--resource-gpucores=example.com/vgpu-cores",
         ])
         .unwrap();
-        let names = cli.settings().request_policy.names;
+        let names = cli.settings().unwrap().request_policy.names;
         assert_eq!(
             names,
             ResourceNames {

@@ -80,8 +80,29 @@ impl Dense {
     }
 
     /// The hot view of a node, if the cluster knows it.
+    #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<NodeView<'_>> {
-        let s = &self.slots[self.find(name)? as usize];
+        self.get_at(name, &mut None)
+    }
+
+    /// [`Dense::get`], trying slot `hint` first: when it holds `name` the table is not searched;
+    /// otherwise `hint` is set to the node's slot. A filter over the same names as the last one
+    /// (kube-scheduler sends its node list in a stable order) then compares each name once
+    /// instead of hashing and probing.
+    pub fn get_at(&self, name: &str, hint: &mut Option<u32>) -> Option<NodeView<'_>> {
+        let hit = hint.filter(|&i| {
+            self.slots
+                .get(i as usize)
+                .is_some_and(|s| s.live && self.name(s) == name)
+        });
+        let idx = match hit {
+            Some(i) => i,
+            None => {
+                *hint = self.find(name);
+                (*hint)?
+            }
+        };
+        let s = &self.slots[idx as usize];
         let at = s.gpus_at as usize;
         Some(NodeView {
             state: s.state,
@@ -250,5 +271,18 @@ mod tests {
         assert_eq!(d.get("new").unwrap().gpus, &[hot(5), hot(6)]);
         assert_eq!(d.get("node-3").unwrap().gpus, &[hot(4)]);
         assert!(d.get("nope").is_none());
+        // Hints: a right one is used, a wrong or stale one corrected.
+        let mut hint = None;
+        assert_eq!(d.get_at("node-3", &mut hint).unwrap().gpus, &[hot(4)]);
+        let at = hint;
+        assert_eq!(d.get_at("node-3", &mut hint).unwrap().gpus, &[hot(4)]);
+        assert_eq!(hint, at);
+        assert_eq!(d.get_at("new", &mut hint).unwrap().gpus, &[hot(5), hot(6)]);
+        assert_ne!(hint, at);
+        d.remove("new");
+        assert!(d.get_at("new", &mut hint).is_none());
+        assert_eq!(hint, None);
+        let mut bad = Some(u32::MAX);
+        assert!(d.get_at("node-6", &mut bad).is_some());
     }
 }

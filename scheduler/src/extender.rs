@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// The body of a filter or prioritize call.
@@ -159,6 +160,229 @@ pub struct ExtenderBindingResult {
 /// The name of a node object (`metadata.name`).
 pub fn node_name(node: &Value) -> Option<&str> {
     node.pointer("/metadata/name").and_then(Value::as_str)
+}
+
+/// A string from a request body: borrowed from the body unless it had escapes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Name<'a>(pub Cow<'a, str>);
+
+impl Name<'_> {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Name<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A quantity as k8s-openapi reads one: a string, or a JSON number kept as its decimal text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantityView<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for QuantityView<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = QuantityView<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a quantity")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(QuantityView(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(QuantityView(Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(QuantityView(Cow::Owned(v.to_string())))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(QuantityView(Cow::Owned(v.to_string())))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(QuantityView(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The pod annotations placement reads (GPU type and UUID lists, policies); the others are
+/// skipped without being copied. A key given twice keeps its last value, as a map would.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnnotationsView<'a>(pub Vec<(&'static str, Name<'a>)>);
+
+/// The annotation keys [`AnnotationsView`] keeps.
+const READ_ANNOTATIONS: [&str; 6] = [
+    vgpu_core::annotations::USE_GPU_TYPE,
+    vgpu_core::annotations::NOUSE_GPU_TYPE,
+    vgpu_core::annotations::USE_GPU_UUID,
+    vgpu_core::annotations::NOUSE_GPU_UUID,
+    vgpu_core::annotations::NODE_POLICY,
+    vgpu_core::annotations::GPU_POLICY,
+];
+
+impl AnnotationsView<'_> {
+    /// The value of a kept annotation.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for AnnotationsView<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = AnnotationsView<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of strings")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut m: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut out: Vec<(&'static str, Name<'de>)> = Vec::new();
+                while let Some(k) = m.next_key::<Name<'de>>()? {
+                    // Values are strings in a valid Pod; the skipped ones are checked to be.
+                    let v: Name<'de> = m.next_value()?;
+                    if let Some(key) = READ_ANNOTATIONS.iter().find(|a| **a == k.as_str()) {
+                        out.retain(|(k, _)| k != key);
+                        out.push((key, v));
+                    }
+                }
+                Ok(AnnotationsView(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `metadata` as far as the extender reads it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct MetaView<'a> {
+    /// `metadata.name`.
+    #[serde(borrow, default)]
+    pub name: Option<Name<'a>>,
+    /// `metadata.namespace`.
+    #[serde(borrow, default)]
+    pub namespace: Option<Name<'a>>,
+    /// `metadata.uid`.
+    #[serde(borrow, default)]
+    pub uid: Option<Name<'a>>,
+    /// The annotations placement reads.
+    #[serde(borrow, default)]
+    pub annotations: Option<AnnotationsView<'a>>,
+}
+
+/// `resources` of a container.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResourcesView<'a> {
+    /// `resources.limits`.
+    #[serde(borrow, default)]
+    pub limits: Option<BTreeMap<Name<'a>, QuantityView<'a>>>,
+    /// `resources.requests`.
+    #[serde(borrow, default)]
+    pub requests: Option<BTreeMap<Name<'a>, QuantityView<'a>>>,
+}
+
+/// A container's name and resources.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContainerView<'a> {
+    /// `name` (empty when missing, as k8s-openapi reads it).
+    #[serde(borrow, default)]
+    pub name: Name<'a>,
+    /// `resources`.
+    #[serde(borrow, default)]
+    pub resources: Option<ResourcesView<'a>>,
+}
+
+/// `spec` as far as the extender reads it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SpecView<'a> {
+    /// `spec.initContainers`.
+    #[serde(borrow, default, rename = "initContainers")]
+    pub init_containers: Option<Vec<ContainerView<'a>>>,
+    /// `spec.containers` (none when missing, as k8s-openapi reads it).
+    #[serde(borrow, default)]
+    pub containers: Vec<ContainerView<'a>>,
+}
+
+/// The pod of an extender call, reading only what the decision needs (every other field is
+/// skipped unparsed: kube-scheduler sends pods the API server has validated).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodView<'a> {
+    /// `metadata`.
+    #[serde(borrow, default)]
+    pub metadata: Option<MetaView<'a>>,
+    /// `spec`.
+    #[serde(borrow, default)]
+    pub spec: Option<SpecView<'a>>,
+}
+
+impl PodView<'_> {
+    /// `metadata.uid`.
+    pub fn uid(&self) -> Option<&str> {
+        self.metadata.as_ref()?.uid.as_ref().map(Name::as_str)
+    }
+}
+
+/// [`ExtenderArgs`] read for the filter and prioritize verbs: names borrowed from the body, the pod
+/// pruned to [`PodView`]. Whole `nodes` are only noticed (that form is served from
+/// [`ExtenderArgs`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ArgsView<'a> {
+    /// The pod.
+    #[serde(borrow, default)]
+    pub pod: Option<PodView<'a>>,
+    /// Whether whole nodes were sent.
+    #[serde(default)]
+    pub nodes: Option<serde::de::IgnoredAny>,
+    /// Candidate node names.
+    #[serde(borrow, default)]
+    pub nodenames: Option<Vec<Name<'a>>>,
+}
+
+/// Appends `s` to `out` as a JSON string.
+pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
+    {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
 }
 
 #[cfg(test)]

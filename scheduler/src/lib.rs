@@ -12,4 +12,5 @@ pub mod extender;
 pub mod metrics;
 pub mod pod;
 pub mod server;
+pub mod typical;
 pub mod watch;

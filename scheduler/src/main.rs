@@ -41,7 +41,8 @@ async fn main() -> anyhow::Result<()> {
         }
         None => (None, None),
     };
-    let state = Arc::new(AppState::new(cli.settings(), Some(client.clone())));
+    let settings = cli.settings()?;
+    let state = Arc::new(AppState::new(settings, Some(client.clone())));
     tokio::spawn(watch::nodes(client.clone(), state.clone()));
     tokio::spawn(watch::pods(client, state.clone()));
 

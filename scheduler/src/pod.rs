@@ -8,6 +8,8 @@ use vgpu_core::assignment::PodAssignment;
 use vgpu_core::placement::{ContainerRequest, PodRequest, Policy, PolicyError};
 use vgpu_core::request::{ContainerKind, ContainerResources, RequestError, RequestPolicy};
 
+use crate::extender::{ContainerView, PodView};
+
 /// A pod whose vGPU request cannot be read.
 #[derive(Debug, Error)]
 pub enum PodError {
@@ -53,6 +55,59 @@ pub fn pod_request(
                 .map(|c| resources(c, ContainerKind::App)),
         )
         .collect();
+    let annotations = pod.metadata.annotations.as_ref();
+    request_of(all, policy, default_node, default_gpu, |k| {
+        annotations.and_then(|a| a.get(k)).map(String::as_str)
+    })
+}
+
+fn resources_view(c: &ContainerView<'_>, kind: ContainerKind) -> ContainerResources {
+    let mut r = ContainerResources::new(c.name.as_str(), kind);
+    if let Some(res) = &c.resources {
+        for (k, v) in res.limits.iter().flatten() {
+            r.limits.push((k.as_str().to_string(), v.0.to_string()));
+        }
+        for (k, v) in res.requests.iter().flatten() {
+            r.requests.push((k.as_str().to_string(), v.0.to_string()));
+        }
+    }
+    r
+}
+
+/// [`pod_request`] from the pruned read of an extender call: the same request, the same errors.
+pub fn pod_request_view(
+    pod: &PodView<'_>,
+    policy: &RequestPolicy,
+    default_node: Policy,
+    default_gpu: Policy,
+) -> Result<Option<PodRequest>, PodError> {
+    let Some(spec) = &pod.spec else {
+        return Ok(None);
+    };
+    let all: Vec<ContainerResources> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| resources_view(c, ContainerKind::Init))
+        .chain(
+            spec.containers
+                .iter()
+                .map(|c| resources_view(c, ContainerKind::App)),
+        )
+        .collect();
+    let annotations = pod.metadata.as_ref().and_then(|m| m.annotations.as_ref());
+    request_of(all, policy, default_node, default_gpu, |k| {
+        annotations.and_then(|a| a.get(k))
+    })
+}
+
+fn request_of<'a>(
+    all: Vec<ContainerResources>,
+    policy: &RequestPolicy,
+    default_node: Policy,
+    default_gpu: Policy,
+    annotation: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Option<PodRequest>, PodError> {
     let parsed = policy.parse_pod(&all)?;
     if parsed.is_empty() {
         return Ok(None);
@@ -64,13 +119,7 @@ pub fn pod_request(
             request,
         })
         .collect();
-    let annotations = pod.metadata.annotations.as_ref();
-    let req = PodRequest::from_annotations(
-        containers,
-        |k| annotations.and_then(|a| a.get(k)).map(String::as_str),
-        default_node,
-        default_gpu,
-    )?;
+    let req = PodRequest::from_annotations(containers, annotation, default_node, default_gpu)?;
     Ok(Some(req))
 }
 

@@ -18,13 +18,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vgpu_core::annotations::ASSIGNMENT;
 use vgpu_core::exposition;
-use vgpu_core::placement::{PodRequest, Policy};
+use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::placement::{PlaceBuf, PodRequest, Policy};
 use vgpu_core::request::RequestPolicy;
 
 use crate::cache::Cluster;
 use crate::extender::{
-    node_name, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
-    HostPriority, HostPriorityList, NodeList,
+    node_name, push_json_str, ArgsView, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult,
+    ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList, PodView,
 };
 use crate::metrics::Metrics;
 use crate::pod;
@@ -44,6 +45,8 @@ pub struct Settings {
     pub assume_ttl: Duration,
     /// The kube-scheduler profile this extender serves (for logs).
     pub scheduler_name: String,
+    /// The `fragmentation` policy's typical pods from a file; `None`: from the placed pods.
+    pub typical_pods: Option<LiveFrag>,
 }
 
 impl Default for Settings {
@@ -55,12 +58,66 @@ impl Default for Settings {
             heartbeat_timeout: Duration::from_secs(120),
             assume_ttl: Duration::from_secs(300),
             scheduler_name: "vgpu-scheduler".into(),
+            typical_pods: None,
         }
     }
 }
 
 /// Scores kept between a pod's filter and its prioritize call.
 const SCORE_CACHE_PODS: usize = 256;
+
+/// A filter's scores, kept for the prioritize call of the same pod: valid for the same request,
+/// the same candidate names in the same order, and the same cluster generation.
+struct Memo {
+    request: PodRequest,
+    generation: u64,
+    /// The passing names, concatenated; `ends[i]` is where name `i` ends.
+    names: String,
+    ends: Vec<u32>,
+    scores: Vec<u32>,
+}
+
+impl Memo {
+    fn new(request: PodRequest, generation: u64, passed: &[&str], scores: Vec<u32>) -> Memo {
+        let mut names = String::with_capacity(passed.iter().map(|n| n.len()).sum());
+        let mut ends = Vec::with_capacity(passed.len());
+        for n in passed {
+            names.push_str(n);
+            ends.push(names.len() as u32);
+        }
+        Memo {
+            request,
+            generation,
+            names,
+            ends,
+            scores,
+        }
+    }
+
+    fn matches(&self, request: &PodRequest, generation: u64, names: &[&str]) -> bool {
+        if self.generation != generation
+            || self.ends.len() != names.len()
+            || self.request != *request
+        {
+            return false;
+        }
+        let mut at = 0usize;
+        names.iter().zip(&self.ends).all(|(n, &end)| {
+            let ok = self.names.get(at..end as usize) == Some(*n);
+            at = end as usize;
+            ok
+        })
+    }
+}
+
+/// A JSON answer of the filter or prioritize verb.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The body.
+    pub body: Vec<u8>,
+    /// Whether it reports an error of the call (`error` set).
+    pub error: bool,
+}
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -77,7 +134,9 @@ pub struct AppState {
     /// Whether the pod watch has listed once.
     pub pods_synced: AtomicBool,
     /// Pod UID to the hash of the node names its last filter passed, and their scores in order.
-    scores: Mutex<HashMap<String, (u64, Vec<u32>)>>,
+    scores: Mutex<HashMap<String, Memo>>,
+    /// Dense slots of the last filter's names, by position: tried first by the next filter.
+    slot_hints: Mutex<Vec<Option<u32>>>,
 }
 
 /// Now, in Unix seconds.
@@ -111,17 +170,17 @@ fn candidates(args: &ExtenderArgs) -> Vec<&str> {
 impl AppState {
     /// State with an empty cache.
     pub fn new(settings: Settings, client: Option<kube::Client>) -> AppState {
+        let mut cluster = Cluster::new(settings.heartbeat_timeout, settings.assume_ttl);
+        cluster.set_typical_pods(settings.typical_pods.clone());
         AppState {
-            cluster: RwLock::new(Cluster::new(
-                settings.heartbeat_timeout,
-                settings.assume_ttl,
-            )),
+            cluster: RwLock::new(cluster),
             settings,
             metrics: Metrics::new(),
             client,
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
             scores: Mutex::new(HashMap::new()),
+            slot_hints: Mutex::new(Vec::new()),
         }
     }
 
@@ -137,6 +196,82 @@ impl AppState {
             self.settings.node_policy,
             self.settings.gpu_policy,
         )
+    }
+
+    fn request_view(&self, pod: &PodView<'_>) -> Result<Option<PodRequest>, pod::PodError> {
+        pod::pod_request_view(
+            pod,
+            &self.settings.request_policy,
+            self.settings.node_policy,
+            self.settings.gpu_policy,
+        )
+    }
+
+    /// Scores `req` on each node in `names` under one read lock, calling `pass` or `fail` (with the
+    /// message) per node in order; returns the cluster generation it read.
+    fn scan<'n>(
+        &self,
+        req: &PodRequest,
+        names: &[&'n str],
+        now: u64,
+        mut pass: impl FnMut(&'n str, u32),
+        mut fail: impl FnMut(&'n str, &str),
+    ) -> u64 {
+        let mut hints = std::mem::take(&mut *lock(&self.slot_hints));
+        hints.resize(names.len(), None);
+        let cluster = read(&self.cluster);
+        let scorer = cluster.scorer(req, now);
+        let mut buf = PlaceBuf::default();
+        let mut msg = String::new();
+        for (&n, hint) in names.iter().zip(hints.iter_mut()) {
+            match scorer.score_at(n, hint, &mut buf) {
+                Ok(score) => pass(n, score),
+                Err(f) => {
+                    msg.clear();
+                    scorer.write_fail(&mut msg, n, &f);
+                    fail(n, &msg);
+                }
+            }
+        }
+        let generation = cluster.generation();
+        drop(cluster);
+        *lock(&self.slot_hints) = hints;
+        generation
+    }
+
+    /// Keeps a filter's scores for the prioritize call that follows.
+    fn remember(&self, uid: &str, memo: Memo) {
+        let mut cache = lock(&self.scores);
+        if cache.len() >= SCORE_CACHE_PODS {
+            cache.clear();
+        }
+        cache.insert(uid.to_string(), memo);
+    }
+
+    /// Scores for `names` (0 where the pod does not fit): the pod's filter's, when it scored exactly
+    /// these nodes for the same request and the cluster has not changed since; else computed.
+    fn priorities<'n>(
+        &self,
+        req: &PodRequest,
+        uid: Option<&str>,
+        names: &[&'n str],
+        now: u64,
+        mut out: impl FnMut(&'n str, u32),
+    ) {
+        let memo = uid.and_then(|u| lock(&self.scores).remove(u));
+        let cluster = read(&self.cluster);
+        if let Some(m) = memo.filter(|m| m.matches(req, cluster.generation(), names)) {
+            for (&n, &score) in names.iter().zip(&m.scores) {
+                out(n, score);
+            }
+            return;
+        }
+        let scorer = cluster.scorer(req, now);
+        let mut buf = PlaceBuf::default();
+        let mut hint = None;
+        for &n in names {
+            out(n, scorer.score_at(n, &mut hint, &mut buf).unwrap_or(0));
+        }
     }
 
     /// The filter verb: which candidate nodes fit the pod, and why the others do not. `now` is
@@ -190,21 +325,16 @@ impl AppState {
         };
         let mut passed: Vec<&str> = Vec::with_capacity(names.len());
         let mut scores: Vec<u32> = Vec::with_capacity(names.len());
-        {
-            let cluster = read(&self.cluster);
-            let scorer = cluster.scorer(&req, now);
-            for n in &names {
-                match scorer.score(n) {
-                    Ok(score) => {
-                        passed.push(n);
-                        scores.push(score);
-                    }
-                    Err(why) => {
-                        result.failed_nodes.insert(n.to_string(), why);
-                    }
-                }
-            }
-        }
+        let generation = self.scan(
+            &req,
+            &names,
+            now,
+            |n, score| {
+                passed.push(n);
+                scores.push(score);
+            },
+            |n, why| result.failed_nodes.insert(n.to_string(), why.to_string()),
+        );
         if let Some(list) = &args.nodes {
             let mut i = 0;
             let mut items = Vec::with_capacity(passed.len());
@@ -222,62 +352,168 @@ impl AppState {
             result.nodenames = Some(passed.iter().map(|n| n.to_string()).collect());
         }
         if let Some(uid) = pod.metadata.uid.as_deref() {
-            let hash = crate::cache::names_hash(passed.iter().copied());
-            let mut cache = lock(&self.scores);
-            if cache.len() >= SCORE_CACHE_PODS {
-                cache.clear();
-            }
-            cache.insert(uid.to_string(), (hash, scores));
+            self.remember(uid, Memo::new(req, generation, &passed, scores));
         }
         result
     }
 
+    /// The filter verb from and to JSON, as the HTTP handler serves it: names borrowed from the
+    /// body, the pod read only for what placement needs, the answer written straight out. Bodies
+    /// with whole Node objects (or no pod) are served by [`AppState::filter`]. `Err` is the 400
+    /// message for a body that is not `ExtenderArgs`.
+    pub fn filter_json(&self, body: &[u8], now: u64) -> Result<Answer, String> {
+        let view: ArgsView<'_> = match serde_json::from_slice(body) {
+            Ok(
+                v @ ArgsView {
+                    pod: Some(_),
+                    nodes: None,
+                    ..
+                },
+            ) => v,
+            _ => return self.filter_whole(body, now),
+        };
+        let Some(pod) = &view.pod else {
+            return self.filter_whole(body, now);
+        };
+        let names: Vec<&str> = view.nodenames.iter().flatten().map(Name::as_str).collect();
+        let mut out = Vec::with_capacity(32 + names.len() * 16);
+        out.extend_from_slice(b"{\"nodenames\":[");
+        let mut first = true;
+        let mut passing = |out: &mut Vec<u8>, n: &str| {
+            if !std::mem::take(&mut first) {
+                out.push(b',');
+            }
+            push_json_str(out, n);
+        };
+        let mut failed: Vec<u8> = Vec::new();
+        let mut fail = |n: &str, why: &str| {
+            failed.push(if failed.is_empty() { b'{' } else { b',' });
+            push_json_str(&mut failed, n);
+            failed.push(b':');
+            push_json_str(&mut failed, why);
+        };
+        let mut failed_key = "failedNodes";
+        match self.request_view(pod) {
+            // Not a vGPU pod: every node is fine as far as GPUs go.
+            Ok(None) => names.iter().for_each(|n| passing(&mut out, n)),
+            // No node can change a malformed request.
+            Err(e) => {
+                failed_key = "failedAndUnresolvableNodes";
+                let mut msg = String::new();
+                for n in &names {
+                    use std::fmt::Write;
+                    msg.clear();
+                    let _ = write!(msg, "{n}: {e}");
+                    fail(n, &msg);
+                }
+            }
+            Ok(Some(req)) => {
+                let mut passed: Vec<&str> = Vec::with_capacity(names.len());
+                let mut scores: Vec<u32> = Vec::with_capacity(names.len());
+                let generation = self.scan(
+                    &req,
+                    &names,
+                    now,
+                    |n, score| {
+                        passing(&mut out, n);
+                        passed.push(n);
+                        scores.push(score);
+                    },
+                    &mut fail,
+                );
+                if let Some(uid) = pod.uid() {
+                    self.remember(uid, Memo::new(req, generation, &passed, scores));
+                }
+            }
+        }
+        out.push(b']');
+        if !failed.is_empty() {
+            failed.push(b'}');
+            out.extend_from_slice(b",\"");
+            out.extend_from_slice(failed_key.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(&failed);
+        }
+        out.push(b'}');
+        Ok(Answer {
+            body: out,
+            error: false,
+        })
+    }
+
+    fn filter_whole(&self, body: &[u8], now: u64) -> Result<Answer, String> {
+        let args: ExtenderArgs = serde_json::from_slice(body)
+            .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
+        let r = self.filter(&args, now);
+        Ok(Answer {
+            error: !r.error.is_empty(),
+            body: serde_json::to_vec(&r).map_err(|e| e.to_string())?,
+        })
+    }
+
     /// The prioritize verb: a score 0..=10 per candidate node under the pod's node policy; the
-    /// scores of the pod's last filter when there is one.
+    /// scores of the pod's last filter when it scored exactly these nodes and nothing changed.
     pub fn prioritize(&self, args: &ExtenderArgs, now: u64) -> HostPriorityList {
         let names = candidates(args);
         let Some(pod) = &args.pod else {
             return Vec::new();
         };
-        let cached = pod
-            .metadata
-            .uid
-            .as_deref()
-            .and_then(|uid| lock(&self.scores).remove(uid));
-        let req = match self.request(pod) {
-            Ok(Some(r)) => r,
+        let mut out = Vec::with_capacity(names.len());
+        let mut push = |n: &str, score: u32| {
+            out.push(HostPriority {
+                host: n.to_string(),
+                score: i64::from(score),
+            })
+        };
+        match self.request(pod) {
+            Ok(Some(req)) => self.priorities(&req, pod.metadata.uid.as_deref(), &names, now, push),
+            _ => names.iter().for_each(|n| push(n, 0)),
+        }
+        out
+    }
+
+    /// The prioritize verb from and to JSON (see [`AppState::filter_json`]).
+    pub fn prioritize_json(&self, body: &[u8], now: u64) -> Result<Answer, String> {
+        let view: ArgsView<'_> = match serde_json::from_slice(body) {
+            Ok(
+                v @ ArgsView {
+                    pod: Some(_),
+                    nodes: None,
+                    ..
+                },
+            ) => v,
             _ => {
-                return names
-                    .iter()
-                    .map(|n| HostPriority {
-                        host: n.to_string(),
-                        score: 0,
-                    })
-                    .collect()
+                let args: ExtenderArgs = serde_json::from_slice(body)
+                    .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
+                return Ok(Answer {
+                    body: serde_json::to_vec(&self.prioritize(&args, now))
+                        .map_err(|e| e.to_string())?,
+                    error: false,
+                });
             }
         };
-        // The filter's scores, when asked about exactly the nodes it passed (the usual case).
-        let cached = cached.and_then(|(hash, scores)| {
-            (scores.len() == names.len() && hash == crate::cache::names_hash(names.iter().copied()))
-                .then_some(scores)
-        });
-        let cluster = read(&self.cluster);
-        let scorer = cluster.scorer(&req, now);
-        names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let score = cached
-                    .as_ref()
-                    .map(|c| c[i])
-                    .or_else(|| scorer.score(n).ok())
-                    .unwrap_or(0);
-                HostPriority {
-                    host: n.to_string(),
-                    score: i64::from(score),
-                }
-            })
-            .collect()
+        let names: Vec<&str> = view.nodenames.iter().flatten().map(Name::as_str).collect();
+        let mut out = Vec::with_capacity(2 + names.len() * 32);
+        out.push(b'[');
+        let mut push = |n: &str, score: u32| {
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"host\":");
+            push_json_str(&mut out, n);
+            out.extend_from_slice(b",\"score\":");
+            out.extend_from_slice(score.to_string().as_bytes());
+            out.push(b'}');
+        };
+        match view.pod.as_ref().map(|p| (p, self.request_view(p))) {
+            Some((pod, Ok(Some(req)))) => self.priorities(&req, pod.uid(), &names, now, push),
+            _ => names.iter().for_each(|n| push(n, 0)),
+        }
+        out.push(b']');
+        Ok(Answer {
+            body: out,
+            error: false,
+        })
     }
 
     /// The bind verb: place the pod on the chosen node (assumed under the lock), write its
@@ -400,34 +636,38 @@ fn bad_request(msg: String) -> Response {
     (StatusCode::BAD_REQUEST, msg).into_response()
 }
 
+fn json(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 async fn filter(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let args: ExtenderArgs = match serde_json::from_slice(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            s.metrics.call("filter", "bad-request", started.elapsed());
-            return bad_request(format!("body is not ExtenderArgs JSON: {e}"));
+    match s.filter_json(&body, unix_now()) {
+        Ok(a) => {
+            let result = if a.error { "error" } else { "ok" };
+            s.metrics.call("filter", result, started.elapsed());
+            json(a.body)
         }
-    };
-    let r = s.filter(&args, unix_now());
-    let result = if r.error.is_empty() { "ok" } else { "error" };
-    s.metrics.call("filter", result, started.elapsed());
-    Json(r).into_response()
+        Err(msg) => {
+            s.metrics.call("filter", "bad-request", started.elapsed());
+            bad_request(msg)
+        }
+    }
 }
 
 async fn prioritize(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let args: ExtenderArgs = match serde_json::from_slice(&body) {
-        Ok(a) => a,
-        Err(e) => {
+    match s.prioritize_json(&body, unix_now()) {
+        Ok(a) => {
+            s.metrics.call("prioritize", "ok", started.elapsed());
+            json(a.body)
+        }
+        Err(msg) => {
             s.metrics
                 .call("prioritize", "bad-request", started.elapsed());
-            return bad_request(format!("body is not ExtenderArgs JSON: {e}"));
+            bad_request(msg)
         }
-    };
-    let r = s.prioritize(&args, unix_now());
-    s.metrics.call("prioritize", "ok", started.elapsed());
-    Json(r).into_response()
+    }
 }
 
 async fn bind(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -686,5 +926,229 @@ mod tests {
             text.contains("vgpu_scheduler_nodes{state=\"ready\"} 2"),
             "{text}"
         );
+    }
+
+    fn inventory(gpus: &[(&str, u64)]) -> String {
+        NodeInventory::new(
+            gpus.iter()
+                .enumerate()
+                .map(|(i, (uuid, mib))| DeviceInfo {
+                    uuid: uuid.to_string(),
+                    index: i as u32,
+                    model: if i % 2 == 0 {
+                        "NVIDIA A100-SXM4-80GB"
+                    } else {
+                        "Tesla T4"
+                    }
+                    .into(),
+                    memory_mib: *mib,
+                    cores: 100,
+                    split: 4,
+                    numa: None,
+                    healthy: true,
+                    vendor: String::new(),
+                })
+                .collect(),
+        )
+        .encode()
+    }
+
+    /// The JSON path (pruned read, answer written straight out) answers exactly what the typed
+    /// path answers, for every form of body kube-scheduler or a client may send.
+    #[test]
+    fn json_answers_equal_the_typed_answers() {
+        let s = state();
+        let now = unix_now();
+        let hb = vgpu_core::time::format_rfc3339(now);
+        for n in 0..6 {
+            let uuids: Vec<String> = (0..3).map(|i| format!("GPU-{n}-{i}")).collect();
+            let gpus: Vec<(&str, u64)> = uuids.iter().map(|u| (u.as_str(), 24576)).collect();
+            write(&s.cluster).apply_node(&format!("n{n}"), Some(&inventory(&gpus)), Some(&hb));
+        }
+        write(&s.cluster).apply_node("bare", None, Some(&hb));
+        let names = json!([
+            "n0",
+            "n1",
+            "big",
+            "small",
+            "gone",
+            "bare",
+            "n\"q\\uote",
+            "n2",
+            "n3",
+            "n4",
+            "n5"
+        ]);
+        let annotated = |limits: Value, annotations: Value| {
+            let mut p = pod(limits);
+            p["metadata"]["annotations"] = annotations;
+            p
+        };
+        let bodies = vec![
+            json!({"pod": pod(json!({"nvidia.com/gpumem": "8192"})), "nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": "30"})), "nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"})), "nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpu": "9"})), "nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpucores": "150"})), "nodenames": names}),
+            json!({"pod": pod(json!({"cpu": "1"})), "nodenames": names}),
+            json!({"pod": annotated(json!({"nvidia.com/gpu": "2"}), json!({"nvidia.com/use-gputype": "a100", "other": "x", "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}"})), "nodenames": names}),
+            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/nouse-gputype": "A100,t4"})), "nodenames": names}),
+            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/use-gpuuuid": "GPU-3-1"})), "nodenames": names}),
+            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"hami.io/node-scheduler-policy": "nope"})), "nodenames": names}),
+            json!({"pod": annotated(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), json!({"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"})), "nodenames": names}),
+            json!({"pod": {"metadata": {"name": "p", "uid": "u2"}, "spec": {
+                "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpumem": "30000"}}}],
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000"}, "requests": {"nvidia.com/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpumem": "24000"}}}]},
+                "status": {"phase": "Pending"}}, "nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"})), "nodenames": []}),
+            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"}))}),
+            json!({"nodenames": names}),
+            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"})), "nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "small"}}]}}),
+            json!({"pod": {"metadata": {"uid": "u3"}}, "nodenames": names}),
+            json!({"pod": {"spec": {}}, "nodenames": names}),
+            json!({"pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}, "nodenames": names}),
+            json!({"pod": {"spec": {"containers": null}}, "nodenames": names}),
+        ];
+        for body in &bodies {
+            let bytes = serde_json::to_vec(body).unwrap();
+            let typed: ExtenderArgs = serde_json::from_value(body.clone()).unwrap();
+            let want = serde_json::to_value(s.filter(&typed, now)).unwrap();
+            let got = s.filter_json(&bytes, now).unwrap();
+            let got_v: Value = serde_json::from_slice(&got.body).unwrap();
+            assert_eq!(got_v, want, "{body}");
+            let want = serde_json::to_value(s.prioritize(&typed, now)).unwrap();
+            // The filter's scores stand in for prioritize when nothing changed.
+            s.filter_json(&bytes, now).unwrap();
+            let got: Value =
+                serde_json::from_slice(&s.prioritize_json(&bytes, now).unwrap().body).unwrap();
+            assert_eq!(got, want, "{body}");
+        }
+        // Not extender JSON: the same 400 message as the typed read gives.
+        for bad in [
+            &b"[1]"[..],
+            b"{\"pod\": 3}",
+            b"{\"pod\": {\"spec\": {\"containers\": 5}}}",
+            b"{\"nodenames\": [1]}",
+            b"{",
+        ] {
+            let e = serde_json::from_slice::<ExtenderArgs>(bad).unwrap_err();
+            assert_eq!(
+                s.filter_json(bad, now).unwrap_err(),
+                format!("body is not ExtenderArgs JSON: {e}")
+            );
+            assert!(s.prioritize_json(bad, now).is_err());
+        }
+    }
+
+    /// Prioritize reuses the filter's scores only while they are still right: the same pod
+    /// request, the same names in the same order, and no change to the cluster in between.
+    #[test]
+    fn prioritize_reuses_the_filter_only_while_nothing_changed() {
+        let s = state();
+        let now = unix_now();
+        let p = pod(json!({"nvidia.com/gpumem": "4096"}));
+        let body = |p: &Value, names: Value| {
+            serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap()
+        };
+        let scores = |b: &[u8]| -> Value {
+            serde_json::from_slice(&s.prioritize_json(b, now).unwrap().body).unwrap()
+        };
+        let f = body(&p, json!(["big", "small"]));
+        s.filter_json(&f, now).unwrap();
+        // Binpack: 4 GiB of 16 GiB is an eighth used (score 1), of 4 GiB half (score 5).
+        assert_eq!(
+            scores(&f),
+            json!([{"host": "big", "score": 1}, {"host": "small", "score": 5}])
+        );
+        // A pod placed on "big" between filter and prioritize: the scores follow.
+        s.filter_json(&f, now).unwrap();
+        write(&s.cluster).apply_pod(
+            "other",
+            Some("big"),
+            Some(vgpu_core::assignment::PodAssignment::new(
+                "big",
+                vec![vgpu_core::assignment::ContainerAssignment {
+                    name: "c".into(),
+                    devices: vec![vgpu_core::assignment::DeviceSlice {
+                        uuid: "GPU-big".into(),
+                        memory_mib: 8192,
+                        cores: 0,
+                    }],
+                }],
+            )),
+            false,
+        );
+        assert_eq!(
+            scores(&f),
+            json!([{"host": "big", "score": 4}, {"host": "small", "score": 5}])
+        );
+        // The pod's policy changed between the calls: computed for the new request.
+        s.filter_json(&f, now).unwrap();
+        let mut spread = p.clone();
+        spread["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": "spread"});
+        assert_eq!(
+            scores(&body(&spread, json!(["big", "small"]))),
+            json!([{"host": "big", "score": 6}, {"host": "small", "score": 5}])
+        );
+        // Other names, or another order: computed.
+        s.filter_json(&f, now).unwrap();
+        assert_eq!(
+            scores(&body(&p, json!(["small", "big"]))),
+            json!([{"host": "small", "score": 5}, {"host": "big", "score": 4}])
+        );
+    }
+
+    /// `fragmentation` through the extender's JSON: with a typical workload of half-card pods, a
+    /// 10 % pod scores the node it leaves room for a half pod on above the one where it would
+    /// strand the rest, where binpack prefers the fuller card.
+    #[tokio::test]
+    async fn fragmentation_policy_scores_differently_from_binpack() {
+        let settings = Settings {
+            typical_pods: Some(
+                crate::typical::parse("t", br#"[{"gpus": 1, "percent": 50, "count": 1}]"#).unwrap(),
+            ),
+            ..Settings::default()
+        };
+        let s = Arc::new(AppState::new(settings, None));
+        let hb = vgpu_core::time::format_rfc3339(unix_now());
+        for (node, used) in [("roomy", 0u64), ("tight", 4500)] {
+            let uuid = format!("GPU-{node}");
+            write(&s.cluster).apply_node(node, Some(&inventory(&[(&uuid, 10000)])), Some(&hb));
+            if used > 0 {
+                write(&s.cluster).apply_pod(
+                    "u-tight",
+                    Some(node),
+                    Some(vgpu_core::assignment::PodAssignment::new(
+                        node,
+                        vec![vgpu_core::assignment::ContainerAssignment {
+                            name: "c".into(),
+                            devices: vec![vgpu_core::assignment::DeviceSlice {
+                                uuid,
+                                memory_mib: used,
+                                cores: 45,
+                            }],
+                        }],
+                    )),
+                    false,
+                );
+            }
+        }
+        let scored = |policy: &str| {
+            let mut p =
+                pod(json!({"nvidia.com/gpumem-percentage": "10", "nvidia.com/gpucores": "10"}));
+            p["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": policy});
+            json!({"pod": p, "nodenames": ["roomy", "tight"]})
+        };
+        let (_, frag) = call(
+            extender_app(s.clone()),
+            "/prioritize",
+            scored("fragmentation"),
+        )
+        .await;
+        let (_, bin) = call(extender_app(s.clone()), "/prioritize", scored("binpack")).await;
+        let score = |v: &Value, i: usize| v[i]["score"].as_i64().unwrap();
+        assert!(score(&frag, 0) > score(&frag, 1), "{frag}");
+        assert!(score(&bin, 0) < score(&bin, 1), "{bin}");
     }
 }

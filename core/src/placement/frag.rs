@@ -16,6 +16,9 @@
 
 use std::cmp::Ordering;
 
+use super::{permille, GpuHot, Scratch};
+use crate::request::VgpuRequest;
+
 /// One GPU in milli-GPU (1000 = a whole card).
 pub const MILLI: u32 = 1000;
 
@@ -308,6 +311,129 @@ pub fn single_gpu_waste(mix: &[(u32, f64)]) -> Vec<f64> {
         v[r] = if w > 0.0 { acc / w } else { r as f64 };
     }
     v
+}
+
+/// The fragmentation measure for the live scheduler, where GPUs are shared by memory and cores
+/// rather than one milli-GPU number, and CPU is left to kube-scheduler's own `NodeResourcesFit`.
+///
+/// A GPU's free milli-GPU is the smaller of its free memory and free cores, per mille of the card
+/// (0 when it is unhealthy, at its split count or held exclusively); a pod's milli-GPU per GPU is
+/// the larger of its memory and cores shares. Typical pods keep only their GPU shape: the CPU term
+/// of [`FragTable`] is dropped (every pod "fits" by CPU) and so are model lists.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveFrag {
+    /// (milli per GPU, GPUs, weight), distinct shapes.
+    groups: Vec<(u32, u32, f64)>,
+    cpu_only: f64,
+}
+
+/// Node scores run 0..=10 ([`super::MAX_SCORE`]); a fragmentation change of this many
+/// milli-GPU moves the score from 5 to about 7.3.
+const LIVE_SCORE_MILLI: f64 = 500.0;
+
+impl LiveFrag {
+    /// From typical pods (see [`typical_pods`]); CPU and model lists are ignored.
+    pub fn new(typical: &[TypicalPod]) -> LiveFrag {
+        let mut t = LiveFrag::default();
+        for p in typical {
+            let s = &p.shape;
+            if s.gpu_milli == 0 || s.num_gpu == 0 {
+                t.cpu_only += p.weight;
+                continue;
+            }
+            let milli = s.gpu_milli.min(MILLI);
+            match t
+                .groups
+                .iter_mut()
+                .find(|g| g.0 == milli && g.1 == s.num_gpu)
+            {
+                Some(g) => g.2 += p.weight,
+                None => t.groups.push((milli, s.num_gpu, p.weight)),
+            }
+        }
+        t.groups.sort_by_key(|g| (g.0, g.1));
+        t
+    }
+
+    /// Whether the table knows no GPU pod (then every node scores the same).
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Fragmentation of a node whose GPUs have these free milli-GPU (as [`FragTable`] with every
+    /// pod fitting by CPU and by model).
+    pub fn fragmentation(&self, left: &[u32]) -> f64 {
+        let idle: u64 = left.iter().map(|&l| u64::from(l)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let mut f = self.cpu_only * idle as f64;
+        for &(milli, num, w) in &self.groups {
+            let (mut fitting, mut small) = (0u32, 0u64);
+            for &l in left {
+                if l >= milli {
+                    fitting += 1;
+                } else {
+                    small += u64::from(l);
+                }
+            }
+            f += w * if fitting >= num { small } else { idle } as f64;
+        }
+        f
+    }
+
+    fn left_of(g: &GpuHot, s: &Scratch) -> u32 {
+        if !g.usable || s.exclusive || s.slices >= g.split {
+            return 0;
+        }
+        let mem = 1000 - permille(s.used_mib, g.memory_mib, g.mem_scale);
+        let cores = 1000 - permille(u64::from(s.used_cores), u64::from(g.cores), g.cores_scale);
+        mem.min(cores) as u32
+    }
+
+    fn fill(left: &mut Vec<u32>, gpus: &[GpuHot], state: &[Scratch]) {
+        left.clear();
+        left.extend(gpus.iter().zip(state).map(|(g, s)| Self::left_of(g, s)));
+    }
+
+    /// Re-keys one-GPU candidates `(key, index, position)` so that the largest key leaves the
+    /// node least fragmented (ties: the fullest GPU after placement).
+    pub(super) fn rank_share(
+        &self,
+        gpus: &[GpuHot],
+        state: &[Scratch],
+        r: &VgpuRequest,
+        cand: &mut [(u64, u32, usize)],
+        left: &mut Vec<u32>,
+    ) {
+        Self::fill(left, gpus, state);
+        for c in cand.iter_mut() {
+            let i = c.2;
+            let before = left[i];
+            left[i] = Self::left_of(&gpus[i], &state[i].with(&gpus[i], r));
+            let f = self.fragmentation(left).round().max(0.0) as u64;
+            left[i] = before;
+            // Less fragmentation first, then the fuller GPU (c.0 is its use after, <= 1000).
+            c.0 = ((1u64 << 40).saturating_sub(f) << 11) | c.0.min(1000);
+        }
+    }
+
+    /// The node score 0..=10 for moving from `gpus` as they are to `state` (after placement):
+    /// `round(10 × sigmoid((F_before - F_after) / 500))`.
+    pub(super) fn node_score(
+        &self,
+        gpus: &[GpuHot],
+        state: &[Scratch],
+        before: &mut Vec<u32>,
+        after: &mut Vec<u32>,
+    ) -> u32 {
+        before.clear();
+        before.extend(gpus.iter().map(|g| Self::left_of(g, &Scratch::of(g))));
+        Self::fill(after, gpus, state);
+        let delta = self.fragmentation(before) - self.fragmentation(after);
+        let s = f64::from(super::MAX_SCORE) / (1.0 + (-delta / LIVE_SCORE_MILLI).exp());
+        (s.round() as u32).min(super::MAX_SCORE)
+    }
 }
 
 #[cfg(test)]

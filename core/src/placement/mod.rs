@@ -47,6 +47,11 @@ pub enum Policy {
     Binpack,
     /// Least used first: spreads load and interference.
     Spread,
+    /// Fragmentation-aware (FGD, "Beware of Fragmentation", ATC'23): as a node policy, nodes
+    /// whose fragmentation against the typical pods grows least score highest; as a GPU policy, a
+    /// one-GPU pod takes the GPU that leaves its node least fragmented. Needs a typical-pod table
+    /// ([`frag::LiveFrag`]); without one it acts as `binpack`.
+    Fragmentation,
 }
 
 impl Policy {
@@ -55,11 +60,12 @@ impl Policy {
         match self {
             Policy::Binpack => "binpack",
             Policy::Spread => "spread",
+            Policy::Fragmentation => "fragmentation",
         }
     }
 
     /// Every policy name, for messages.
-    pub const NAMES: &'static str = "binpack, spread";
+    pub const NAMES: &'static str = "binpack, spread, fragmentation";
 
     /// Reads a policy name (case-insensitive, surrounding spaces ignored).
     pub fn parse(s: &str) -> Option<Policy> {
@@ -68,6 +74,8 @@ impl Policy {
             Some(Policy::Binpack)
         } else if s.eq_ignore_ascii_case("spread") {
             Some(Policy::Spread)
+        } else if s.eq_ignore_ascii_case("fragmentation") {
+            Some(Policy::Fragmentation)
         } else {
             None
         }
@@ -220,11 +228,13 @@ impl GpuHot {
     }
 
     /// The model key.
+    #[inline]
     pub fn model_key(&self) -> u32 {
         self.model_key
     }
 
     /// Use in per-mille: the mean of the memory and the cores fractions in use.
+    #[inline]
     fn use_permille(&self, used_mib: u64, used_cores: u32) -> u64 {
         let mem = permille(used_mib, self.memory_mib, self.mem_scale);
         let cores = permille(
@@ -254,6 +264,15 @@ pub trait GpuSet {
     fn model(&self, i: usize) -> &str;
     /// Whether its model passes the pod's type lists (called once per model key and node).
     fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool;
+    /// The hot records of all GPUs, when the set holds them as one slice (then placement reads
+    /// them in place instead of copying).
+    fn hot_slice(&self) -> Option<&[GpuHot]> {
+        None
+    }
+    /// Whether GPUs `i` and `j` are of one model (models are listed once each in messages).
+    fn same_model(&self, i: usize, j: usize) -> bool {
+        self.hot(i).model_key == self.hot(j).model_key
+    }
 }
 
 impl GpuSet for NodeGpus {
@@ -280,6 +299,7 @@ fn permille_scale(total: u64) -> u64 {
     (1000u64 << 32).div_ceil(total.max(1))
 }
 
+#[inline]
 fn permille(used: u64, total: u64, scale: u64) -> u64 {
     if total == 0 {
         return 1000;
@@ -402,10 +422,12 @@ impl GpuFilter {
     }
 
     /// Whether the type lists say anything.
+    #[inline]
     pub fn typed(&self) -> bool {
         !self.use_types.is_empty() || !self.nouse_types.is_empty()
     }
 
+    #[inline]
     fn uuids(&self) -> bool {
         !self.use_uuids.is_empty() || !self.nouse_uuids.is_empty()
     }
@@ -645,46 +667,6 @@ impl fmt::Display for Unfit {
     }
 }
 
-/// A vector that lives on the stack up to 16 entries (a node's GPUs), so checking a node does not
-/// allocate.
-struct SmallBuf<T: Copy + Default> {
-    inline: [T; 16],
-    len: usize,
-    heap: Vec<T>,
-}
-
-impl<T: Copy + Default> SmallBuf<T> {
-    fn new() -> Self {
-        SmallBuf {
-            inline: [T::default(); 16],
-            len: 0,
-            heap: Vec::new(),
-        }
-    }
-    fn push(&mut self, v: T) {
-        if self.len < self.inline.len() && self.heap.is_empty() {
-            self.inline[self.len] = v;
-        } else {
-            if self.heap.is_empty() {
-                self.heap.extend_from_slice(&self.inline[..self.len]);
-            }
-            self.heap.push(v);
-        }
-        self.len += 1;
-    }
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-    }
-    fn as_mut_slice(&mut self) -> &mut [T] {
-        if self.heap.is_empty() {
-            &mut self.inline[..self.len]
-        } else {
-            &mut self.heap[..]
-        }
-    }
-}
-
 /// Usage of one GPU while a pod's containers are placed one after another.
 #[derive(Debug, Clone, Copy, Default)]
 struct Scratch {
@@ -692,6 +674,268 @@ struct Scratch {
     used_cores: u32,
     slices: u32,
     exclusive: bool,
+}
+
+impl Scratch {
+    /// This GPU's usage once a slice of `r` is added (what placement does to the chosen GPUs).
+    #[inline]
+    fn with(self, g: &GpuHot, r: &VgpuRequest) -> Scratch {
+        let exclusive = r.cores >= EXCLUSIVE_CORES;
+        Scratch {
+            used_mib: self.used_mib.saturating_add(r.mib_per_gpu(g.memory_mib)),
+            used_cores: self
+                .used_cores
+                .saturating_add(if exclusive { g.cores } else { r.cores }),
+            slices: self.slices.saturating_add(1),
+            exclusive: self.exclusive || exclusive,
+        }
+    }
+
+    #[inline]
+    fn of(g: &GpuHot) -> Scratch {
+        Scratch {
+            used_mib: g.used_mib,
+            used_cores: g.used_cores,
+            slices: g.slices,
+            exclusive: g.exclusive,
+        }
+    }
+}
+
+/// Buffers one placement needs, kept between nodes so that checking a node allocates nothing (a
+/// filter reuses one for all its candidates).
+#[derive(Debug, Default)]
+pub struct PlaceBuf {
+    hot: Vec<GpuHot>,
+    scratch: Vec<Scratch>,
+    /// (use per mille after placement, GPU index, position)
+    cand: Vec<(u64, u32, usize)>,
+    type_memo: Vec<(u32, bool)>,
+    frag_before: Vec<u32>,
+    frag_after: Vec<u32>,
+}
+
+/// Why a container fits no GPUs of a node, as positions into the node's GPUs instead of names:
+/// what [`score_buf`] returns, cheap to make for every failing node. [`write_miss`] writes the
+/// same words as [`Unfit`]'s `Display`; [`Miss::to_unfit`] gives the [`Unfit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss {
+    /// Position of the container in [`PodRequest::containers`].
+    pub container: usize,
+    /// Why.
+    pub why: MissReason,
+}
+
+/// [`UnfitReason`] without names (GPUs by position in the node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum MissReason {
+    NoGpus,
+    Unhealthy {
+        usable: usize,
+    },
+    Type {
+        left: usize,
+    },
+    Uuid {
+        left: usize,
+    },
+    Split {
+        left: usize,
+    },
+    Exclusive {
+        left: usize,
+        wants_exclusive: bool,
+    },
+    Cores {
+        left: usize,
+        want: u32,
+        best: Option<(u32, usize)>,
+    },
+    Memory {
+        left: usize,
+        want_mib: u64,
+        percent: Option<u32>,
+        best: Option<(u64, usize)>,
+    },
+}
+
+/// Positions of the first GPU of each distinct model, in inventory order.
+fn distinct_models<S: GpuSet + ?Sized>(node: &S) -> impl Iterator<Item = usize> + '_ {
+    (0..node.len()).filter(move |&i| (0..i).all(|j| !node.same_model(j, i)))
+}
+
+impl Miss {
+    /// The [`Unfit`] this stands for, names resolved on `node`.
+    pub fn to_unfit<S: GpuSet + ?Sized>(&self, node: &S, pod: &PodRequest) -> Unfit {
+        let c = &pod.containers[self.container];
+        let reason = match self.why {
+            MissReason::NoGpus => UnfitReason::NoGpus,
+            MissReason::Unhealthy { usable } => UnfitReason::Unhealthy { usable },
+            MissReason::Type { left } => UnfitReason::Type {
+                left,
+                want: pod.filter.use_types.joined(),
+                refuse: pod.filter.nouse_types.joined(),
+                models: distinct_models(node)
+                    .map(|i| node.model(i).to_string())
+                    .collect(),
+            },
+            MissReason::Uuid { left } => UnfitReason::Uuid { left },
+            MissReason::Split { left } => UnfitReason::Split { left },
+            MissReason::Exclusive {
+                left,
+                wants_exclusive,
+            } => UnfitReason::Exclusive {
+                left,
+                wants_exclusive,
+            },
+            MissReason::Cores { left, want, best } => UnfitReason::Cores {
+                left,
+                want,
+                best: best.map(|(c, i)| (c, node.uuid(i).to_string())),
+            },
+            MissReason::Memory {
+                left,
+                want_mib,
+                percent,
+                best,
+            } => UnfitReason::Memory {
+                left,
+                want_mib,
+                percent,
+                best: best.map(|(m, i)| (m, node.uuid(i).to_string())),
+            },
+        };
+        Unfit {
+            container: c.name.clone(),
+            gpus: c.request.gpus,
+            reason,
+            several: pod.containers.len() > 1,
+        }
+    }
+}
+
+/// Writes the message for `miss` on `node`: the same words as the `Display` of
+/// [`Miss::to_unfit`], without building it.
+pub fn write_miss<S: GpuSet + ?Sized, W: fmt::Write + ?Sized>(
+    f: &mut W,
+    node: &S,
+    pod: &PodRequest,
+    miss: &Miss,
+) -> fmt::Result {
+    let c = &pod.containers[miss.container];
+    if pod.containers.len() > 1 {
+        write!(f, "container {:?}: ", c.name)?;
+    }
+    let n = c.request.gpus;
+    fn lead<W: fmt::Write + ?Sized>(
+        f: &mut W,
+        n: u32,
+        left: usize,
+        what: fmt::Arguments<'_>,
+    ) -> fmt::Result {
+        if n <= 1 || left == 0 {
+            write!(f, "no GPU {what}")
+        } else {
+            write!(f, "{n} GPUs {what} needed, only {left}")
+        }
+    }
+    struct Types<'a>(&'a GpuFilter);
+    impl fmt::Display for Types<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let list = |f: &mut fmt::Formatter<'_>, l: &NameList| {
+                for (k, t) in l.0.iter().enumerate() {
+                    if k > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(t)?;
+                }
+                Ok(())
+            };
+            if !self.0.use_types.is_empty() {
+                f.write_str("of type ")?;
+                list(f, &self.0.use_types)?;
+            }
+            if !self.0.nouse_types.is_empty() {
+                if !self.0.use_types.is_empty() {
+                    f.write_str(", ")?;
+                }
+                f.write_str("not of type ")?;
+                list(f, &self.0.nouse_types)?;
+            }
+            Ok(())
+        }
+    }
+    match miss.why {
+        MissReason::NoGpus => f.write_str("no GPUs in the node's inventory"),
+        MissReason::Unhealthy { usable } => {
+            if usable == 0 {
+                f.write_str("no healthy GPU")
+            } else {
+                write!(f, "{n} healthy GPUs needed, only {usable}")
+            }
+        }
+        MissReason::Type { left } => {
+            lead(f, n, left, format_args!("{}", Types(&pod.filter)))?;
+            f.write_str(" (node has ")?;
+            for (k, i) in distinct_models(node).enumerate() {
+                if k > 0 {
+                    f.write_str(", ")?;
+                }
+                f.write_str(node.model(i))?;
+            }
+            f.write_str(")")
+        }
+        MissReason::Uuid { left } => lead(f, n, left, format_args!("with an allowed UUID")),
+        MissReason::Split { left } => lead(f, n, left, format_args!("below its split count")),
+        MissReason::Exclusive {
+            left,
+            wants_exclusive,
+        } => {
+            if wants_exclusive {
+                lead(
+                    f,
+                    n,
+                    left,
+                    format_args!("idle (gpucores 100 needs a whole card)"),
+                )
+            } else {
+                lead(
+                    f,
+                    n,
+                    left,
+                    format_args!("free of an exclusive (gpucores 100) pod"),
+                )
+            }
+        }
+        MissReason::Cores { left, want, best } => {
+            lead(f, n, left, format_args!("with {want}% cores free"))?;
+            match best {
+                Some((c, i)) => write!(f, " (most {c}% on {})", node.uuid(i)),
+                None => Ok(()),
+            }
+        }
+        MissReason::Memory {
+            left,
+            want_mib,
+            percent,
+            best,
+        } => {
+            match percent {
+                Some(p) => lead(
+                    f,
+                    n,
+                    left,
+                    format_args!("with {p}% memory ({want_mib} MiB) free"),
+                )?,
+                None => lead(f, n, left, format_args!("with {want_mib} MiB free"))?,
+            }
+            match best {
+                Some((m, i)) => write!(f, " (largest {m} MiB on {})", node.uuid(i)),
+                None => Ok(()),
+            }
+        }
+    }
 }
 
 /// Places every vGPU container of `pod` on `node`, or says why one does not fit.
@@ -707,61 +951,82 @@ pub fn place_scored(
     node: &NodeGpus,
     pod: &PodRequest,
 ) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
-    place_inner(node, pod, true)
+    place_scored_with(node, pod, None)
+}
+
+/// [`place_scored`] with the fragmentation table the `fragmentation` policies score against
+/// (without one they act as `binpack`).
+pub fn place_scored_with<S: GpuSet + ?Sized>(
+    node: &S,
+    pod: &PodRequest,
+    frag: Option<&frag::LiveFrag>,
+) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
+    let mut out = Vec::with_capacity(pod.containers.len());
+    let mut buf = PlaceBuf::default();
+    place_core(node, pod, &mut buf, Some(&mut out), frag)
+        .map(|s| (out, s))
+        .map_err(|m| m.to_unfit(node, pod))
 }
 
 /// Whether the pod fits, and the node's score, without building the assignment: what filter and
 /// prioritize need for every candidate node (the same decisions as [`place_scored`]).
 pub fn score(node: &NodeGpus, pod: &PodRequest) -> Result<u32, Unfit> {
-    place_inner(node, pod, false).map(|(_, s)| s)
+    score_set(node, pod)
 }
 
 /// [`score`] over any [`GpuSet`]: the same code, so the same decisions and messages.
 pub fn score_set<S: GpuSet + ?Sized>(node: &S, pod: &PodRequest) -> Result<u32, Unfit> {
-    place_inner(node, pod, false).map(|(_, s)| s)
+    let mut buf = PlaceBuf::default();
+    score_buf(node, pod, &mut buf, None).map_err(|m| m.to_unfit(node, pod))
 }
 
-fn place_inner<S: GpuSet + ?Sized>(
+/// [`score_set`] reusing `buf`, failing with a [`Miss`] (no names, nothing allocated): the form a
+/// filter over thousands of nodes uses. `frag` as in [`place_scored_with`].
+pub fn score_buf<S: GpuSet + ?Sized>(
     node: &S,
     pod: &PodRequest,
-    record: bool,
-) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
-    let n_gpus = node.len();
-    let mut hot_buf: SmallBuf<GpuHot> = SmallBuf::new();
-    let mut scratch_buf: SmallBuf<Scratch> = SmallBuf::new();
-    for i in 0..n_gpus {
-        let g = node.hot(i);
-        hot_buf.push(g);
-        scratch_buf.push(Scratch {
-            used_mib: g.used_mib,
-            used_cores: g.used_cores,
-            slices: g.slices,
-            exclusive: g.exclusive,
-        });
-    }
-    let gpus: &[GpuHot] = hot_buf.as_mut_slice();
-    let scratch = scratch_buf.as_mut_slice();
-    let several = pod.containers.len() > 1;
-    let mut out = Vec::with_capacity(if record { pod.containers.len() } else { 0 });
-    // Candidate indices, reused across containers.
-    let mut cand_buf: SmallBuf<(u64, u32, usize)> = SmallBuf::new();
-    for c in &pod.containers {
+    buf: &mut PlaceBuf,
+    frag: Option<&frag::LiveFrag>,
+) -> Result<u32, Miss> {
+    place_core(node, pod, buf, None, frag)
+}
+
+fn place_core<S: GpuSet + ?Sized>(
+    node: &S,
+    pod: &PodRequest,
+    buf: &mut PlaceBuf,
+    mut record: Option<&mut Vec<ContainerAssignment>>,
+    frag: Option<&frag::LiveFrag>,
+) -> Result<u32, Miss> {
+    let PlaceBuf {
+        hot,
+        scratch,
+        cand,
+        type_memo,
+        frag_before,
+        frag_after,
+    } = buf;
+    let gpus: &[GpuHot] = match node.hot_slice() {
+        Some(s) => s,
+        None => {
+            hot.clear();
+            hot.extend((0..node.len()).map(|i| node.hot(i)));
+            hot
+        }
+    };
+    scratch.clear();
+    scratch.extend(gpus.iter().map(Scratch::of));
+    let typed = pod.filter.typed();
+    let uuids = pod.filter.uuids();
+    for (ci, c) in pod.containers.iter().enumerate() {
         let r = &c.request;
         let need = r.gpus as usize;
-        let unfit = |reason| Unfit {
-            container: c.name.clone(),
-            gpus: r.gpus,
-            reason,
-            several,
-        };
+        let miss = |why| Miss { container: ci, why };
         if gpus.is_empty() {
-            return Err(unfit(UnfitReason::NoGpus));
+            return Err(miss(MissReason::NoGpus));
         }
-        cand_buf.clear();
-        // GPUs of one node mostly share a model: test the type lists once per distinct model.
-        let typed = pod.filter.typed();
-        let uuids = pod.filter.uuids();
-        let mut type_memo: SmallBuf<(u32, bool)> = SmallBuf::new();
+        cand.clear();
+        type_memo.clear();
         // Counts after each check, for the failure message.
         let (mut n_usable, mut n_type, mut n_uuid, mut n_split, mut n_excl, mut n_cores) =
             (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
@@ -769,18 +1034,14 @@ fn place_inner<S: GpuSet + ?Sized>(
         let mut best_mem: Option<(u64, usize)> = None;
         let mut max_want_mib = 0u64;
         let exclusive = r.cores >= EXCLUSIVE_CORES;
-        for (i, g) in gpus.iter().enumerate() {
-            let s = &scratch[i];
+        for (i, (g, s)) in gpus.iter().zip(scratch.iter()).enumerate() {
             if !g.usable {
                 continue;
             }
             n_usable += 1;
+            // GPUs of one node mostly share a model: test the type lists once per distinct model.
             let type_ok = !typed
-                || match type_memo
-                    .as_mut_slice()
-                    .iter()
-                    .find(|(key, _)| *key == g.model_key)
-                {
+                || match type_memo.iter().find(|(key, _)| *key == g.model_key) {
                     Some(&(_, ok)) => ok,
                     None => {
                         let ok = node.type_ok(i, &pod.filter);
@@ -831,70 +1092,78 @@ fn place_inner<S: GpuSet + ?Sized>(
                 continue;
             }
             let after = g.use_permille(s.used_mib.saturating_add(want), s.used_cores);
-            cand_buf.push((after, g.index, i));
+            cand.push((after, g.index, i));
         }
-        let cand = cand_buf.as_mut_slice();
         if cand.len() < need {
-            let uuid = |i: usize| node.uuid(i).to_string();
-            let reason = if n_usable < need {
-                UnfitReason::Unhealthy { usable: n_usable }
+            let why = if n_usable < need {
+                MissReason::Unhealthy { usable: n_usable }
             } else if n_type < need {
-                // Distinct models in inventory order: the first GPU of each model key.
-                let models: Vec<String> = (0..gpus.len())
-                    .filter(|&i| gpus[..i].iter().all(|h| h.model_key != gpus[i].model_key))
-                    .map(|i| node.model(i).to_string())
-                    .collect();
-                UnfitReason::Type {
-                    left: n_type,
-                    want: pod.filter.use_types.joined(),
-                    refuse: pod.filter.nouse_types.joined(),
-                    models,
-                }
+                MissReason::Type { left: n_type }
             } else if n_uuid < need {
-                UnfitReason::Uuid { left: n_uuid }
+                MissReason::Uuid { left: n_uuid }
             } else if n_split < need {
-                UnfitReason::Split { left: n_split }
+                MissReason::Split { left: n_split }
             } else if n_excl < need {
-                UnfitReason::Exclusive {
+                MissReason::Exclusive {
                     left: n_excl,
                     wants_exclusive: exclusive,
                 }
             } else if n_cores < need {
-                UnfitReason::Cores {
+                MissReason::Cores {
                     left: n_cores,
                     want: r.cores.max(1),
-                    best: best_cores.map(|(c, i)| (c, uuid(i))),
+                    best: best_cores,
                 }
             } else {
-                UnfitReason::Memory {
+                MissReason::Memory {
                     left: cand.len(),
                     want_mib: max_want_mib,
                     percent: match r.memory {
                         crate::request::Memory::Percent(p) => Some(p),
                         crate::request::Memory::Mib(_) => None,
                     },
-                    best: best_mem.map(|(m, i)| (m, uuid(i))),
+                    best: best_mem,
                 }
             };
-            return Err(unfit(reason));
+            return Err(miss(why));
         }
-        match pod.gpu_policy {
-            // Fullest after placement first; ties by index.
-            Policy::Binpack => cand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1))),
-            Policy::Spread => cand.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1))),
+        let gpu_policy = match (pod.gpu_policy, frag) {
+            (Policy::Fragmentation, Some(t)) if need == 1 => {
+                // Fragmentation gradient: the GPU whose use leaves the node least fragmented
+                // (ties: the fullest, then the lowest index).
+                t.rank_share(gpus, scratch, r, cand, frag_before);
+                Policy::Binpack
+            }
+            (Policy::Spread, _) => Policy::Spread,
+            _ => Policy::Binpack,
+        };
+        if need == 1 {
+            // The best candidate only: no sort.
+            let better = |a: &(u64, u32, usize), b: &(u64, u32, usize)| match gpu_policy {
+                Policy::Spread => (a.0, a.1) < (b.0, b.1),
+                _ => a.0 > b.0 || (a.0 == b.0 && a.1 < b.1),
+            };
+            let mut best = 0;
+            for k in 1..cand.len() {
+                if better(&cand[k], &cand[best]) {
+                    best = k;
+                }
+            }
+            cand.swap(0, best);
+        } else {
+            match gpu_policy {
+                // Emptiest after placement first; ties by index.
+                Policy::Spread => cand.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1))),
+                // Fullest after placement first; ties by index.
+                _ => cand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1))),
+            }
         }
-        let mut devices = Vec::with_capacity(if record { need } else { 0 });
+        let mut devices = Vec::with_capacity(if record.is_some() { need } else { 0 });
         for &(_, _, i) in cand.iter().take(need) {
             let g = &gpus[i];
             let mib = r.mib_per_gpu(g.memory_mib);
-            let s = &mut scratch[i];
-            s.used_mib = s.used_mib.saturating_add(mib);
-            s.used_cores = s
-                .used_cores
-                .saturating_add(if exclusive { g.cores } else { r.cores });
-            s.slices += 1;
-            s.exclusive |= exclusive;
-            if record {
+            scratch[i] = scratch[i].with(g, r);
+            if record.is_some() {
                 devices.push(DeviceSlice {
                     uuid: node.uuid(i).to_string(),
                     memory_mib: mib,
@@ -902,12 +1171,15 @@ fn place_inner<S: GpuSet + ?Sized>(
                 });
             }
         }
-        if record {
+        if let Some(out) = record.as_deref_mut() {
             out.push(ContainerAssignment {
                 name: c.name.clone(),
                 devices,
             });
         }
+    }
+    if let (Policy::Fragmentation, Some(t)) = (pod.node_policy, frag) {
+        return Ok(t.node_score(gpus, scratch, frag_before, frag_after));
     }
     // Node use after placement: mean over usable GPUs.
     let (mut sum, mut n) = (0u64, 0u64);
@@ -919,11 +1191,10 @@ fn place_inner<S: GpuSet + ?Sized>(
     }
     let used = sum.checked_div(n).unwrap_or(0);
     let permille = match pod.node_policy {
-        Policy::Binpack => used,
         Policy::Spread => 1000 - used.min(1000),
+        _ => used,
     };
-    let score = ((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32;
-    Ok((out, score))
+    Ok(((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32)
 }
 
 #[cfg(test)]

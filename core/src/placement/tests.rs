@@ -340,7 +340,7 @@ fn unknown_policy_is_refused_naming_the_annotation() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "annotation hami.io/node-scheduler-policy: \"pack\" is not one of binpack, spread"
+        "annotation hami.io/node-scheduler-policy: \"pack\" is not one of binpack, spread, fragmentation"
     );
     assert_eq!("SPREAD".parse::<Policy>(), Ok(Policy::Spread));
     assert!("x".parse::<Policy>().is_err());
@@ -413,6 +413,13 @@ proptest::proptest! {
             let mut pod = one(gpus, memory, cores);
             pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
             let scored = score(&n, &pod).ok();
+            // The lean failure writes the same words as the Unfit it stands for.
+            let mut buf = PlaceBuf::default();
+            if let Err(m) = score_buf(&n, &pod, &mut buf, None) {
+                let mut text = String::new();
+                write_miss(&mut text, &n, &pod, &m).unwrap();
+                proptest::prop_assert_eq!(text, place(&n, &pod).unwrap_err().to_string());
+            }
             let placed_now = place_scored(&n, &pod).ok();
             proptest::prop_assert_eq!(scored, placed_now.as_ref().map(|(_, s)| *s));
             if let Some((a, _)) = placed_now {
@@ -438,4 +445,131 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// Every kind of failure, one or several containers, typed or not: the message written straight
+/// from the [`Miss`] is word for word the [`Unfit`]'s.
+#[test]
+fn lean_messages_match_unfit_messages() {
+    let mut devs = vec![
+        dev("GPU-a", 0, "NVIDIA A100-SXM4-80GB", 81920),
+        dev("GPU-b", 1, "nvidia a100-sxm4-80gb", 81920),
+        dev("GPU-c", 2, "Tesla T4", 15360),
+    ];
+    devs[2].split = 1;
+    let mut n = node(&devs);
+    n.add(&slice("GPU-a", 80000, 90));
+    n.add(&slice("GPU-c", 100, 100));
+    let mut pods = vec![
+        one(1, Memory::Mib(4096), 0),
+        one(2, Memory::Mib(1024), 20),
+        one(1, Memory::Percent(50), 0),
+        one(3, Memory::Mib(1), 0),
+        one(1, Memory::Mib(1), 100),
+        one(2, Memory::Mib(1), 50),
+        one(4, Memory::Mib(1), 0),
+        PodRequest::simple(vec![
+            ctr("a", 1, Memory::Mib(81920), 0),
+            ctr("b", 2, Memory::Mib(40000), 0),
+        ]),
+    ];
+    for (k, v) in [
+        (USE_GPU_TYPE, "v100,h100"),
+        (NOUSE_GPU_TYPE, "a100"),
+        (USE_GPU_UUID, "GPU-zz"),
+    ] {
+        let mut p = annotated(&[(k, v)]);
+        p.containers[0].request.gpus = 2;
+        pods.push(p);
+    }
+    pods.push(annotated(&[
+        (USE_GPU_TYPE, "v100"),
+        (NOUSE_GPU_TYPE, "t4, a10"),
+    ]));
+    let empty = NodeGpus::default();
+    let mut failures = 0;
+    for p in &pods {
+        for nd in [&n, &empty] {
+            let mut buf = PlaceBuf::default();
+            if let Err(m) = score_buf(nd, p, &mut buf, None) {
+                let mut text = String::new();
+                write_miss(&mut text, nd, p, &m).unwrap();
+                assert_eq!(text, place(nd, p).unwrap_err().to_string(), "{p:?}");
+                failures += 1;
+            }
+        }
+    }
+    assert!(failures >= 16, "{failures}");
+}
+
+fn frag_table(shapes: &[(u32, u32, u64)]) -> frag::LiveFrag {
+    use frag::{typical_pods, ModelMask, PodShape};
+    frag::LiveFrag::new(&typical_pods(
+        shapes.iter().map(|&(milli, num, count)| {
+            (
+                PodShape {
+                    cpu_milli: 0,
+                    gpu_milli: milli,
+                    num_gpu: num,
+                    models: ModelMask::ANY,
+                },
+                count,
+            )
+        }),
+        100.0,
+    ))
+}
+
+/// Where binpack and spread look only at how full a GPU gets, the fragmentation policy looks at
+/// what the typical pods could still use afterwards.
+#[test]
+fn fragmentation_policy_keeps_room_for_typical_pods() {
+    // Typical workload: half-card pods. GPU-a has 60 % free, GPU-b 50 %.
+    let n = {
+        let mut n = node(&[
+            dev("GPU-a", 0, "NVIDIA T4", 10000),
+            dev("GPU-b", 1, "NVIDIA T4", 10000),
+        ]);
+        n.add(&slice("GPU-a", 4000, 40));
+        n.add(&slice("GPU-b", 5000, 50));
+        n
+    };
+    let t = frag_table(&[(500, 1, 10)]);
+    // A 10 % pod: binpack takes the fuller GPU-b (leaving 40 %, too little for a half pod);
+    // fragmentation takes GPU-a (leaving 50 %, still a half pod's room).
+    let mut p = one(1, Memory::Percent(10), 10);
+    p.gpu_policy = Policy::Binpack;
+    let (a, _) = place_scored_with(&n, &p, None).unwrap();
+    assert_eq!(uuids(&a), [["GPU-b"]]);
+    p.gpu_policy = Policy::Fragmentation;
+    let (a, _) = place_scored_with(&n, &p, Some(&t)).unwrap();
+    assert_eq!(uuids(&a), [["GPU-a"]]);
+    // Without a table it is binpack.
+    let (a, _) = place_scored_with(&n, &p, None).unwrap();
+    assert_eq!(uuids(&a), [["GPU-b"]]);
+
+    // Node policy: placing the 10 % pod on an idle card fragments nothing a half pod needs;
+    // placing it on a 55 %-free card leaves 45 %: a half pod no longer fits there.
+    let idle = node(&[dev("GPU-i", 0, "NVIDIA T4", 10000)]);
+    let tight = {
+        let mut n = node(&[dev("GPU-t", 0, "NVIDIA T4", 10000)]);
+        n.add(&slice("GPU-t", 4500, 45));
+        n
+    };
+    p.node_policy = Policy::Fragmentation;
+    let s_idle = place_scored_with(&idle, &p, Some(&t)).unwrap().1;
+    let s_tight = place_scored_with(&tight, &p, Some(&t)).unwrap().1;
+    assert!(s_idle > s_tight, "{s_idle} vs {s_tight}");
+    // Binpack prefers the fuller node.
+    p.node_policy = Policy::Binpack;
+    let b_idle = place_scored_with(&idle, &p, None).unwrap().1;
+    let b_tight = place_scored_with(&tight, &p, None).unwrap().1;
+    assert!(b_tight > b_idle, "{b_idle} vs {b_tight}");
+    // Scores stay in 0..=10 and the lean path agrees with the full one.
+    let mut buf = PlaceBuf::default();
+    p.node_policy = Policy::Fragmentation;
+    assert_eq!(score_buf(&tight, &p, &mut buf, Some(&t)), Ok(s_tight));
+    assert!(s_idle <= MAX_SCORE);
+    assert!(t.fragmentation(&[1000, 450]) > t.fragmentation(&[1000, 500]));
+    assert!(!t.is_empty() && frag::LiveFrag::default().is_empty());
 }
