@@ -240,7 +240,10 @@ impl AdmissionResponse {
             return self;
         }
         // Serialising a Patch of Values cannot fail: it holds only strings and JSON values.
-        let bytes = serde_json::to_vec(patch).unwrap_or_default();
+        let mut bytes = Vec::with_capacity(128 * patch.0.len());
+        if serde_json::to_writer(&mut bytes, patch).is_err() {
+            bytes.clear();
+        }
         self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
         self.patch_type = Some("JSONPatch");
         self

@@ -29,9 +29,16 @@ pub const MAX_BUFFERED: usize = 1 << 20;
 
 struct Shared {
     buf: Mutex<Vec<u8>>,
-    /// Held while writing, so that buffers reach the output in the order they were taken.
-    out: Mutex<Box<dyn Write + Send>>,
+    /// Held while writing, so that buffers reach the output in the order they were taken; with it
+    /// the empty buffer that is swapped in for the full one, so that neither is freed and grown
+    /// again at every flush.
+    out: Mutex<Output>,
     stop: AtomicBool,
+}
+
+struct Output {
+    to: Box<dyn Write + Send>,
+    spare: Vec<u8>,
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -41,12 +48,16 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn flush(&self) -> io::Result<()> {
         let mut out = lock(&self.out);
-        let taken = std::mem::take(&mut *lock(&self.buf));
-        if taken.is_empty() {
+        let out = &mut *out;
+        std::mem::swap(&mut *lock(&self.buf), &mut out.spare);
+        if out.spare.is_empty() {
             return Ok(());
         }
-        out.write_all(&taken)?;
-        out.flush()
+        let r = out.to.write_all(&out.spare).and_then(|()| out.to.flush());
+        out.spare.clear();
+        // A buffer grown by a burst is not kept at that size.
+        out.spare.shrink_to(MAX_BUFFERED);
+        r
     }
 }
 
@@ -67,7 +78,10 @@ impl BatchedWriter {
     pub fn new(out: impl Write + Send + 'static, every: Duration) -> (BatchedWriter, FlushGuard) {
         let shared = Arc::new(Shared {
             buf: Mutex::new(Vec::new()),
-            out: Mutex::new(Box::new(out)),
+            out: Mutex::new(Output {
+                to: Box::new(out),
+                spare: Vec::new(),
+            }),
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();

@@ -13,7 +13,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::admission::{AdmissionRequest, AdmissionResponse};
+use crate::admission::{AdmissionRequest, AdmissionResponse, ReviewOut};
 use crate::metrics::{AdmissionLabels, Metrics};
 use crate::mutate::{mutate_pod, MutateError, MutateSettings};
 use crate::validate::{ValidateSettings, Validator};
@@ -148,7 +148,7 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         duration_us = started.elapsed().as_micros() as u64,
         "admission"
     );
-    Json(response.into_review()).into_response()
+    review_response(&response.into_review())
 }
 
 async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -190,7 +190,31 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         duration_us = started.elapsed().as_micros() as u64,
         "admission"
     );
-    Json(response.into_review()).into_response()
+    review_response(&response.into_review())
+}
+
+/// A review as `application/json`, as `axum::Json` writes it, into a buffer sized for it at once
+/// (`Json` starts at 128 bytes and grows, copying, while the patch is written).
+fn review_response(review: &ReviewOut) -> Response {
+    let r = &review.response;
+    let size = 160
+        + r.uid.len()
+        + r.patch.as_ref().map_or(0, String::len)
+        + r.status.as_ref().map_or(0, |s| 64 + s.message.len())
+        + r.warnings.iter().map(|w| 4 + w.len()).sum::<usize>();
+    let mut buf = Vec::with_capacity(size);
+    match serde_json::to_writer(&mut buf, review) {
+        Ok(()) => {
+            let mut resp = Response::new(axum::body::Body::from(buf));
+            resp.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        // What `axum::Json` answers when serialising fails (it cannot here: strings and numbers).
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 /// The mutating decision for a parsed request, with a one-word label for logs and metrics.

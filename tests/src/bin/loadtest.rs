@@ -122,11 +122,8 @@ fn main() -> anyhow::Result<()> {
         let mut results = Vec::new();
         for (name, cmd, path) in servers {
             let server = Server::start(cmd, &args.server_log)?;
-            let r = rt.block_on(load(server.addr, client_tls.clone(), path, &body, &args))?;
-            println!(
-                "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
-                r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
-            );
+            let r = rt.block_on(load(&server, client_tls.clone(), path, &body, &args))?;
+            println!("{name:<22} {}", r.line());
             failed |= r.errors > 0;
             results.push((name, r));
             drop(server);
@@ -163,7 +160,7 @@ fn idle_mode(
         );
     }
     let server = Server::start(webhook_cmd, &args.server_log)?;
-    let base = rt.block_on(load(server.addr, tls.clone(), "/mutate", body, args))?;
+    let base = rt.block_on(load(&server, tls.clone(), "/mutate", body, args))?;
     let idle = rt.block_on(async {
         let mut held = Vec::with_capacity(args.idle_connections);
         while held.len() < args.idle_connections {
@@ -185,7 +182,7 @@ fn idle_mode(
                 held.push(h.await?.context("opening an idle connection")?);
             }
         }
-        let r = load(server.addr, tls.clone(), "/mutate", body, args).await;
+        let r = load(&server, tls.clone(), "/mutate", body, args).await;
         drop(held);
         r
     })?;
@@ -193,10 +190,7 @@ fn idle_mode(
         ("no idle connections", &base),
         ("with idle connections", &idle),
     ] {
-        println!(
-            "{name:<22} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)",
-            r.rps, r.p50_ms, r.p99_ms, r.errors, r.requests
-        );
+        println!("{name:<22} {}", r.line());
     }
     println!(
         "p99 ratio idle/none: {:.3} ({} idle, {} busy connections, {} s measured each); target p99 < 10 ms: {}",
@@ -267,19 +261,53 @@ struct Outcome {
     p99_ms: f64,
     errors: usize,
     requests: usize,
+    /// CPU time (user + system) per measured request of the server process and of this client,
+    /// in microseconds: on a shared machine this moves far less with the load than req/s does.
+    server_cpu_us: f64,
+    client_cpu_us: f64,
+}
+
+impl Outcome {
+    fn line(&self) -> String {
+        format!(
+            "{:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  ({} requests)  CPU/request: server {:.1} us, client {:.1} us",
+            self.rps, self.p50_ms, self.p99_ms, self.errors, self.requests, self.server_cpu_us, self.client_cpu_us
+        )
+    }
+}
+
+/// User + system CPU seconds of a process so far, from `/proc/<pid>/stat` (proc(5): fields 14 and
+/// 15, in clock ticks of USER_HZ, which is 100 on Linux); `None` where there is no such file.
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 async fn load(
-    addr: SocketAddr,
+    server: &Server,
     tls: Arc<rustls::ClientConfig>,
     path: &'static str,
     body: &[u8],
     args: &Args,
 ) -> anyhow::Result<Outcome> {
+    let addr = server.addr;
     let body = Bytes::copy_from_slice(body);
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.seconds);
+    let server_pid = server.child.id().to_string();
+    let cpu = tokio::spawn(async move {
+        let both = || (cpu_seconds(&server_pid), cpu_seconds("self"));
+        tokio::time::sleep_until(measure_from.into()).await;
+        let before = both();
+        tokio::time::sleep_until(end.into()).await;
+        (before, both())
+    });
     let mut tasks = Vec::new();
     for _ in 0..args.connections {
         let (tls, body) = (tls.clone(), body.clone());
@@ -302,12 +330,19 @@ async fn load(
             .unwrap_or(0) as f64
             / 1000.0
     };
+    let ((s0, c0), (s1, c1)) = cpu.await?;
+    let per_request = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if !latencies.is_empty() => (b - a) * 1e6 / latencies.len() as f64,
+        _ => f64::NAN,
+    };
     Ok(Outcome {
         rps: latencies.len() as f64 / args.seconds,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         errors,
         requests: latencies.len(),
+        server_cpu_us: per_request(s0, s1),
+        client_cpu_us: per_request(c0, c1),
     })
 }
 
