@@ -494,8 +494,7 @@ fn watch(h: &'static Hook) {
     for tick in 1u32.. {
         std::thread::sleep(throttle::PERIOD);
         if let Some(t) = &h.throttle {
-            let slot = h.slot.load(Ordering::SeqCst);
-            if searching && slot != usize::MAX {
+            if let Some(slot) = h.claimed_slot().filter(|_| searching) {
                 searching = h.ledger.host_pid(slot) == 0
                     && !devices.iter().any(|(nv, d, handle, _, _)| {
                         t.before[*d]
@@ -578,7 +577,8 @@ struct Hook {
     watcher: AtomicBool,
     /// When a refused allocation last reclaimed dead slots (`now_ns`, 0 = never).
     last_reclaim: AtomicU64,
-    /// This process's slot; `usize::MAX` until claimed (and again in a forked child).
+    /// This process's slot; [`SLOT_UNCLAIMED`] until claimed (and again in a forked child),
+    /// [`SLOT_CLAIMING`] while one thread claims it.
     slot: AtomicUsize,
     /// Live allocations: (kind, pointer or handle) -> (limit index, bytes). parking_lot's Mutex
     /// hands the lock to a thread that has waited 0.5 ms; std's lets a busy thread barge ahead,
@@ -587,6 +587,11 @@ struct Hook {
 }
 
 static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
+
+/// [`Hook::slot`] before the process has a slot.
+const SLOT_UNCLAIMED: usize = usize::MAX;
+/// [`Hook::slot`] while one thread claims the process's slot.
+const SLOT_CLAIMING: usize = usize::MAX - 1;
 
 thread_local! {
     static INITIALIZING: Cell<bool> = const { Cell::new(false) };
@@ -619,8 +624,7 @@ extern "C" fn release_meter(_: *mut c_void) {
 
 /// Copies the process's launch count (its threads' meters, summed) into its slot.
 fn flush_launches(h: &Hook) {
-    let s = h.slot.load(Ordering::SeqCst);
-    if s != usize::MAX {
+    if let Some(s) = h.claimed_slot() {
         h.ledger.record_launches(s, METERS.launches());
     }
 }
@@ -709,7 +713,7 @@ fn init() -> Result<Hook, CUresult> {
         config,
         real,
         ledger,
-        slot: AtomicUsize::new(usize::MAX),
+        slot: AtomicUsize::new(SLOT_UNCLAIMED),
         allocations: parking_lot::Mutex::new(KeyMap::default()),
     })
 }
@@ -740,7 +744,7 @@ fn library_dir() -> Option<std::path::PathBuf> {
 /// Allocations the parent made are the parent's (CUDA state does not survive fork).
 extern "C" fn after_fork_child() {
     if let Some(Ok(h)) = HOOK.get() {
-        h.slot.store(usize::MAX, Ordering::SeqCst);
+        h.slot.store(SLOT_UNCLAIMED, Ordering::SeqCst);
         // The watcher thread does not exist in the child; claiming the slot starts one.
         h.watcher.store(false, Ordering::SeqCst);
         // The parent's launches are the parent's; the forking thread takes a new meter (and so
@@ -896,11 +900,49 @@ macro_rules! try_cu {
 }
 
 impl Hook {
+    /// The process's slot, claimed by its first caller. Exactly one thread claims: threads that
+    /// launch for the first time together would otherwise each claim a slot for the same pid (a
+    /// race seen in CI: 3 slots for one process, its launches split among them), or the second
+    /// would find the first's slot by pid and clear it as a reused pid's.
     fn slot(&'static self) -> Result<usize, CUresult> {
-        let s = self.slot.load(Ordering::SeqCst);
-        if s != usize::MAX {
+        // The common case reads only: a compare-exchange would take the cache line exclusively
+        // on every allocation of every thread.
+        if let Some(s) = self.claimed_slot() {
             return Ok(s);
         }
+        loop {
+            match self.slot.compare_exchange(
+                SLOT_UNCLAIMED,
+                SLOT_CLAIMING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return self.claim_slot(),
+                // Another thread claims: a scan of the slot table (and at worst one liveness
+                // check of each dead owner), so yielding until it is done waits microseconds.
+                // A fork meanwhile resets the child's state to unclaimed (after_fork_child).
+                Err(SLOT_CLAIMING) => std::thread::yield_now(),
+                Err(s) => return Ok(s),
+            }
+        }
+    }
+
+    /// The claim itself, by the one thread that moved the state to [`SLOT_CLAIMING`].
+    #[cold]
+    fn claim_slot(&'static self) -> Result<usize, CUresult> {
+        /// Should the claim unwind (the entry point catches it), waiters must not yield forever.
+        struct Unclaimed<'a>(&'a AtomicUsize);
+        impl Drop for Unclaimed<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.compare_exchange(
+                    SLOT_CLAIMING,
+                    SLOT_UNCLAIMED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+        }
+        let _unclaimed = Unclaimed(&self.slot);
         match self.ledger.claim(std::process::id(), &alive) {
             Some(s) => {
                 self.slot.store(s, Ordering::SeqCst);
@@ -915,10 +957,18 @@ impl Hook {
                 Ok(s)
             }
             None => {
+                // Unclaimed again (by the guard): a later call tries again, as a dead process
+                // may free a slot.
                 eprintln!("vgpu: no free process slot in the accounting file; refusing allocation");
                 Err(CUDA_ERROR_OUT_OF_MEMORY)
             }
         }
+    }
+
+    /// The process's slot when it has one (not while it is being claimed).
+    fn claimed_slot(&self) -> Option<usize> {
+        let s = self.slot.load(Ordering::SeqCst);
+        (s < SLOT_CLAIMING).then_some(s)
     }
 
     /// Limit index of the calling thread's current device.

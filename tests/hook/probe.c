@@ -12,7 +12,7 @@
  *         | rate:TOTAL_MS:WINDOW_MS:GRID (launch GRID-block kernels as fast as allowed for TOTAL_MS,
  *           printing "window START_MS LAUNCHES_PER_S" per window)
  *         | hold:MS (stay alive MS milliseconds)
- *         | tlaunch:THREADS:N (THREADS threads launch N kernels each, then exit)
+ *         | tlaunch:THREADS:N (THREADS threads start together, launch N kernels each, then exit)
  *         | forklaunch:N (a fork()ed child launches N kernels and exits)
  *         | nvml:INDEX (nvmlDeviceGetMemoryInfo and _v2 of NVML device INDEX)
  *   (BYTES takes an m suffix for MiB; the 'p' steps use the per-thread-default-stream entry)
@@ -194,12 +194,15 @@ static double runqueue_ms(int fd) {
     if (d_ > (w)->worst_wall_ms) (w)->worst_wall_ms = d_; \
     if (b_ > (w)->worst_ms) (w)->worst_ms = b_; } while (0)
 
-struct lworker { int n; int ok; };
+struct lworker { int n; int ok; pthread_barrier_t *start; };
 
 static void *launcher(void *arg) {
     struct lworker *w = arg;
     void *c;
     f.ctx(&c, 0, 0);
+    /* All threads make their first launch together: the hook's first-launch path (a meter, the
+     * process's slot) must hold up when they race. */
+    pthread_barrier_wait(w->start);
     for (int j = 0; j < w->n; j++) w->ok += f.launch((void *)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == 0;
     return NULL;
 }
@@ -450,14 +453,18 @@ int main(int argc, char **argv) {
             if (threads > 64) threads = 64;
             pthread_t t[64];
             struct lworker w[64];
+            pthread_barrier_t start;
+            if (threads < 1) threads = 1;
+            pthread_barrier_init(&start, NULL, threads);
             for (int j = 0; j < threads; j++) {
-                w[j].n = n; w[j].ok = 0;
+                w[j].n = n; w[j].ok = 0; w[j].start = &start;
                 pthread_create(&t[j], NULL, launcher, &w[j]);
             }
             for (int j = 0; j < threads; j++) {
                 pthread_join(t[j], NULL);
                 ok += w[j].ok;
             }
+            pthread_barrier_destroy(&start);
             printf("tlaunch ok %d\n", ok);
         } else if (!strncmp(a, "forklaunch:", 11)) {
             int n = atoi(a + 11), st = 0;

@@ -848,6 +848,49 @@ fn launch_counts_are_exact_across_threads_forks_and_exits() {
     }
 }
 
+/// A process has one slot however its threads start: 16 threads whose first launches meet at a
+/// barrier all claim the process's slot at once, and exactly one claim may happen (a race once let
+/// each of them take a slot for the same pid, splitting its counters). Repeated, with and without a
+/// core limit, since a race shows only now and then.
+#[test]
+fn threads_launching_first_together_share_one_slot() {
+    let env = setup();
+    for round in 0..12 {
+        let limit = if round % 2 == 0 { "0" } else { "50" };
+        let cache = env.dir.path().join(format!("acct/round-{round}.cache"));
+        let cache_var = cache.to_string_lossy().into_owned();
+        let vars = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_SM_LIMIT", limit),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache_var.as_str()),
+        ];
+        let mut running = env
+            .command(
+                &vars,
+                &["direct", "init", "ctx:0", "tlaunch:16:1", "hold:30000"],
+            )
+            .spawn()
+            .unwrap();
+        let snap = vgpu_tests::wait_for(
+            std::time::Duration::from_secs(10),
+            "the 16 launches in the file",
+            || {
+                std::fs::read(&cache)
+                    .ok()
+                    .and_then(|b| Snapshot::parse(&b).ok())
+                    .filter(|s| s.launches() == 16)
+            },
+        );
+        running.kill().unwrap();
+        running.wait().unwrap();
+        assert_eq!(
+            snap.processes.len(),
+            1,
+            "round {round}, limit {limit}: {snap:?}"
+        );
+    }
+}
+
 /// In a container the device plugin mounts a read-only limits file next to the library. Its
 /// limits hold whatever the process's environment says (a ConfigMap behind `envFrom`, or a shell
 /// `export` inside the container), the accounting file it names is the one used, and a damaged
