@@ -24,8 +24,9 @@ use vgpu_core::request::RequestPolicy;
 
 use crate::cache::Cluster;
 use crate::extender::{
-    node_name, push_json_str, ArgsView, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult,
-    ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList, PodView,
+    node_name, push_json_str, push_u32, ArgsView, ExtenderArgs, ExtenderBindingArgs,
+    ExtenderBindingResult, ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList,
+    PodView,
 };
 use crate::metrics::Metrics;
 use crate::pod;
@@ -502,7 +503,7 @@ impl AppState {
             out.extend_from_slice(b"{\"host\":");
             push_json_str(&mut out, n);
             out.extend_from_slice(b",\"score\":");
-            out.extend_from_slice(score.to_string().as_bytes());
+            push_u32(&mut out, score);
             out.push(b'}');
         };
         match view.pod.as_ref().map(|p| (p, self.request_view(p))) {

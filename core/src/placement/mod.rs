@@ -182,7 +182,7 @@ impl Gpu {
     /// The fields placement reads for every candidate, packed; `model_key` is
     /// [`GpuSet::model_key`] for this GPU within its node.
     pub fn hot(&self) -> GpuHot {
-        GpuHot {
+        let mut h = GpuHot {
             memory_mib: self.memory_mib,
             used_mib: self.used_mib,
             mem_scale: self.mem_scale,
@@ -195,7 +195,10 @@ impl Gpu {
             model_key: self.model_first as u32,
             usable: self.usable,
             exclusive: self.exclusive,
-        }
+            use_now: 0,
+        };
+        h.use_now = h.use_permille(h.used_mib, h.used_cores) as u32;
+        h
     }
 }
 
@@ -217,6 +220,9 @@ pub struct GpuHot {
     model_key: u32,
     usable: bool,
     exclusive: bool,
+    /// `use_permille(used_mib, used_cores)`, computed once when the record is made: the node score
+    /// sums it over the GPUs placement did not touch (most of them) instead of recomputing it.
+    use_now: u32,
 }
 
 impl GpuHot {
@@ -713,6 +719,8 @@ pub struct PlaceBuf {
     type_memo: Vec<(u32, bool)>,
     frag_before: Vec<u32>,
     frag_after: Vec<u32>,
+    /// Positions of the GPUs placement gave a slice to, each once.
+    touched: Vec<usize>,
 }
 
 /// Why a container fits no GPUs of a node, as positions into the node's GPUs instead of names:
@@ -1005,6 +1013,7 @@ fn place_core<S: GpuSet + ?Sized>(
         type_memo,
         frag_before,
         frag_after,
+        touched,
     } = buf;
     let gpus: &[GpuHot] = match node.hot_slice() {
         Some(s) => s,
@@ -1016,6 +1025,7 @@ fn place_core<S: GpuSet + ?Sized>(
     };
     scratch.clear();
     scratch.extend(gpus.iter().map(Scratch::of));
+    touched.clear();
     let typed = pod.filter.typed();
     let uuids = pod.filter.uuids();
     for (ci, c) in pod.containers.iter().enumerate() {
@@ -1163,6 +1173,9 @@ fn place_core<S: GpuSet + ?Sized>(
             let g = &gpus[i];
             let mib = r.mib_per_gpu(g.memory_mib);
             scratch[i] = scratch[i].with(g, r);
+            if !touched.contains(&i) {
+                touched.push(i);
+            }
             if record.is_some() {
                 devices.push(DeviceSlice {
                     uuid: node.uuid(i).to_string(),
@@ -1181,13 +1194,17 @@ fn place_core<S: GpuSet + ?Sized>(
     if let (Policy::Fragmentation, Some(t)) = (pod.node_policy, frag) {
         return Ok(t.node_score(gpus, scratch, frag_before, frag_after));
     }
-    // Node use after placement: mean over usable GPUs.
+    // Node use after placement: mean over usable GPUs. An untouched GPU's use is its record's
+    // `use_now` (its scratch is its record); only the touched ones are recomputed. Chosen GPUs are
+    // always usable.
     let (mut sum, mut n) = (0u64, 0u64);
-    for (g, s) in gpus.iter().zip(scratch.iter()) {
-        if g.usable {
-            sum += g.use_permille(s.used_mib, s.used_cores);
-            n += 1;
-        }
+    for g in gpus.iter().filter(|g| g.usable) {
+        sum += u64::from(g.use_now);
+        n += 1;
+    }
+    for &i in touched.iter() {
+        let (g, s) = (&gpus[i], &scratch[i]);
+        sum = sum - u64::from(g.use_now) + g.use_permille(s.used_mib, s.used_cores);
     }
     let used = sum.checked_div(n).unwrap_or(0);
     let permille = match pod.node_policy {

@@ -393,6 +393,14 @@ fn placed_slices_round_trip_through_node_counts() {
     assert!(!n.add(&slice("GPU-gone", 1, 1)));
 }
 
+/// The hot record stays one cache line with its precomputed use.
+#[test]
+fn gpu_hot_is_one_cache_line() {
+    assert_eq!(std::mem::size_of::<GpuHot>(), 64);
+    let g = Gpu::from_device(&dev("GPU-a", 0, "NVIDIA T4", 15360)).hot();
+    assert_eq!(g.use_now, 0);
+}
+
 proptest::proptest! {
     /// Whatever arrives, placing pod after pod never puts more memory, cores or slices on a GPU than
     /// it has, never the same GPU twice in a container, and an exclusive slice is alone.
@@ -412,6 +420,7 @@ proptest::proptest! {
             let memory = if pct { Memory::Percent(p) } else { Memory::Mib(mib) };
             let mut pod = one(gpus, memory, cores);
             pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
+            pod.node_policy = if mib % 2 == 0 { Policy::Spread } else { Policy::Binpack };
             let scored = score(&n, &pod).ok();
             // The lean failure writes the same words as the Unfit it stands for.
             let mut buf = PlaceBuf::default();
@@ -422,6 +431,19 @@ proptest::proptest! {
             }
             let placed_now = place_scored(&n, &pod).ok();
             proptest::prop_assert_eq!(scored, placed_now.as_ref().map(|(_, s)| *s));
+            if let Some((a, s)) = &placed_now {
+                // The score (untouched GPUs summed from their records' use_now) is the mean use of
+                // the usable GPUs recomputed from scratch after placement.
+                let mut after = n.clone();
+                after.add_all(a);
+                let (sum, k) = after.gpus().iter().map(Gpu::hot).filter(|h| h.usable)
+                    .fold((0u64, 0u64), |(s, k), h| (s + h.use_permille(h.used_mib, h.used_cores), k + 1));
+                proptest::prop_assert_eq!(n.gpus().iter().map(Gpu::hot).map(|h| u64::from(h.use_now)).collect::<Vec<_>>(),
+                    n.gpus().iter().map(Gpu::hot).map(|h| h.use_permille(h.used_mib, h.used_cores)).collect::<Vec<_>>());
+                let used = sum.checked_div(k).unwrap_or(0);
+                let permille = match pod.node_policy { Policy::Spread => 1000 - used.min(1000), _ => used };
+                proptest::prop_assert_eq!(*s, ((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32);
+            }
             if let Some((a, _)) = placed_now {
                 let u = &uuids(&a)[0];
                 let mut d = u.clone();
