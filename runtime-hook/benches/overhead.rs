@@ -6,9 +6,9 @@
 //! thread CPU time, and reports the best round of each and the median difference.
 //!
 //! ```text
-//! cargo build --release -p vgpu-runtime-hook -p fake_cuda -p fake_nvml_util
+//! cargo build --release -p vgpu-runtime-hook -p fake_cuda -p fake_nvml
 //! mkdir -p $T/bench/nvml && cp $T/release/libfake_cuda.so $T/bench/libcuda.so.1
-//! cp $T/release/libfake_nvml_util.so $T/bench/nvml/libnvidia-ml.so.1
+//! cp $T/release/libfake_nvml.so $T/bench/nvml/libnvidia-ml.so.1
 //! LD_LIBRARY_PATH=$T/bench VGPU_BENCH_NVML=$T/bench/nvml CUDA_DEVICE_MEMORY_LIMIT=1g \
 //!   CUDA_DEVICE_MEMORY_SHARED_CACHE=$T/bench/acct \
 //!   cargo bench -p vgpu-runtime-hook --bench overhead -- $T/release/libvgpu.so

@@ -92,7 +92,7 @@ fn build_probe(dir: &Path) -> Probe {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::copy(vgpu_tests::cdylib("fake_cuda"), dir.join("libcuda.so.1")).unwrap();
     std::fs::copy(
-        vgpu_tests::cdylib("fake_nvml_util"),
+        vgpu_tests::cdylib("fake_nvml"),
         dir.join("libnvidia-ml.so.1"),
     )
     .unwrap();

@@ -25,7 +25,7 @@ fn setup() -> Env {
     let hook = vgpu_tests::cdylib("vgpu");
     std::fs::copy(&fake, dir.path().join("libcuda.so.1")).unwrap();
     std::fs::copy(
-        vgpu_tests::cdylib("fake_nvml_util"),
+        vgpu_tests::cdylib("fake_nvml"),
         dir.path().join("libnvidia-ml.so.1"),
     )
     .unwrap();
@@ -599,14 +599,16 @@ fn core_limit_converges_to_the_limit_within_two_seconds() {
         let env = setup();
         let mut vars = vec![("FAKE_CUDA_BLOCK_NS", "50000")];
         if !process_util {
-            vars.push(("FAKE_NVML_NO_PROCESS_UTILIZATION", "1"));
+            vars.push(("FAKE_NVML_CONFIG", r#"{"processUtilization": false}"#));
         }
         if namespaced {
             // NVML names the process by its host pid, and another tenant keeps the GPU 40 % busy:
             // only the host-pid mapping finds the container's own samples (device utilization
             // would count the other tenant's 40 % as the container's).
-            vars.push(("FAKE_NVML_PID_OFFSET", "100000"));
-            vars.push(("FAKE_NVML_OTHER_UTILIZATION", "40"));
+            vars.push((
+                "FAKE_NVML_CONFIG",
+                r#"{"pidOffset": 100000, "otherTenantUtilization": 40}"#,
+            ));
         }
         let with = |limit: &'static str| {
             let mut v = vars.clone();

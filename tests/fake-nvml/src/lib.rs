@@ -1,9 +1,13 @@
-//! Test double of `libnvidia-ml.so.1`: the subset of the NVML C ABI that nvml-wrapper calls for the
-//! device plugin (discovery, utilization, critical-XID events). Tests point the plugin's `--nvml-lib` at
-//! the built `libfake_nvml.so`, so the plugin goes through the same `dlopen` path as with the real
-//! library.
+//! Test double of `libnvidia-ml.so.1`, shared by every test: the subset of the NVML C ABI that
+//! nvml-wrapper calls for the device plugin (discovery, utilization, critical-XID events) and the
+//! calls the runtime hook makes or intercepts (memory info, device and process utilization, compute
+//! processes). Tests point the plugin's `--nvml-lib` at the built `libfake_nvml.so`, and install it
+//! as `libnvidia-ml.so.1` next to the fake driver for programs under the hook, so both go through
+//! the same `dlopen`/link path as with the real library.
 //!
-//! Configuration: `FAKE_NVML_CONFIG`, read at `nvmlInit_v2`, is a path to a JSON file or inline JSON:
+//! Configuration: `FAKE_NVML_CONFIG`, read at `nvmlInit_v2`, is a path to a JSON file or inline JSON
+//! (every field optional; a value that does not parse makes `nvmlInit_v2` fail with
+//! `NVML_ERROR_UNKNOWN`):
 //!
 //! ```json
 //! {"driverVersion": "550.54.15",
@@ -13,10 +17,26 @@
 //!  "eventsFile": "events.txt",
 //!  "faults": [{"function": "nvmlDeviceGetMemoryInfo_v2", "error": "GPU_IS_LOST", "count": 3, "gpu": 0}],
 //!  "faultsFile": "faults.txt",
-//!  "logFile": "nvml.log"}
+//!  "logFile": "nvml.log",
+//!  "pidOffset": 100000, "otherTenantUtilization": 40, "processUtilization": true}
 //! ```
 //!
+//! - `gpus` absent (or no `FAKE_NVML_CONFIG` at all): the GPUs of the fake CUDA driver
+//!   (`FAKE_CUDA_DEVICE_MEMORY`, as `tests/fake-cuda` reads it), named `GPU-fake-<index>`, as NVML
+//!   describes the GPUs the kernel driver runs.
+//! - When the fake driver is loaded in the same process (see [`driver`]), memory in use, device
+//!   utilization and the compute-process list follow what the program allocated and launched
+//!   (utilization is the share of the sample period the fake GPU was busy, so it is proportional
+//!   to the launch rate); elsewhere `usedMib` and the `utilization` series stand, and no process
+//!   runs.
 //! - `utilization` is a series: each `nvmlDeviceGetUtilizationRates` returns the next value, cycling.
+//! - `pidOffset`: the calling process is reported as pid `getpid() + pidOffset`. NVML reports the pids
+//!   of the host's pid namespace, so inside a container its own process has another number.
+//! - `otherTenantUtilization` N: another tenant's process ([`OTHER_PID`]) keeps each GPU N % busy: it
+//!   is one of the device's compute processes, has its own process-utilization sample, and adds N to
+//!   the device's utilization (capped at 100), as a shared GPU shows everyone's kernels.
+//! - `processUtilization: false`: `nvmlDeviceGetProcessUtilization` returns
+//!   `NVML_ERROR_NOT_SUPPORTED`, as on GPUs without per-process accounting.
 //! - `numa` absent: `nvmlDeviceGetNumaNodeId` returns `NVML_ERROR_NOT_SUPPORTED`, as on single-socket
 //!   machines.
 //! - `xidEvents` fire once each, `afterMs` after `nvmlInit_v2`.
@@ -41,6 +61,9 @@
 #![allow(clippy::missing_safety_doc)]
 #![allow(missing_docs)]
 
+pub mod driver;
+
+use driver::{Driver, Sample};
 use serde::Deserialize;
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 use std::sync::{Mutex, MutexGuard};
@@ -57,6 +80,7 @@ const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// NVML's documented return codes (`nvmlReturn_t` in nvml.h), by name, for error injection.
@@ -114,6 +138,9 @@ fn return_code(name: &str) -> Option<NvmlReturn> {
 /// `nvmlEventTypeXidCriticalError`.
 const EVENT_XID_CRITICAL: c_ulonglong = 0x8;
 
+/// Host pid of the other tenant's process (`otherTenantUtilization`).
+pub const OTHER_PID: c_uint = 4_194_000;
+
 #[derive(Deserialize, Clone)]
 #[serde(rename_all = "camelCase")]
 struct GpuConfig {
@@ -121,6 +148,9 @@ struct GpuConfig {
     #[serde(default = "default_name")]
     name: String,
     memory_mib: u64,
+    /// Exact total, for GPUs taken from the fake driver (whose totals need not be whole MiB).
+    #[serde(skip)]
+    memory_bytes: Option<u64>,
     #[serde(default)]
     used_mib: u64,
     #[serde(default)]
@@ -135,6 +165,27 @@ struct GpuConfig {
 
 fn default_name() -> String {
     "NVIDIA A100-SXM4-80GB".into()
+}
+
+impl GpuConfig {
+    /// The GPU the fake driver calls device `index`.
+    fn of_fake_driver(index: usize, total: u64) -> GpuConfig {
+        GpuConfig {
+            uuid: format!("GPU-fake-{index}"),
+            name: default_name(),
+            memory_mib: total >> 20,
+            memory_bytes: Some(total),
+            used_mib: 0,
+            bus_id: None,
+            numa: None,
+            mig: false,
+            utilization: Vec::new(),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.memory_bytes.unwrap_or(self.memory_mib << 20)
+    }
 }
 
 #[derive(Deserialize, Clone)]
@@ -197,7 +248,9 @@ impl Fault {
 struct Config {
     #[serde(default = "default_driver")]
     driver_version: String,
-    gpus: Vec<GpuConfig>,
+    /// `None`: the fake driver's devices.
+    #[serde(default)]
+    gpus: Option<Vec<GpuConfig>>,
     #[serde(default)]
     xid_events: Vec<XidConfig>,
     #[serde(default)]
@@ -208,6 +261,16 @@ struct Config {
     faults_file: Option<String>,
     #[serde(default)]
     log_file: Option<String>,
+    #[serde(default)]
+    pid_offset: u32,
+    #[serde(default)]
+    other_tenant_utilization: u32,
+    #[serde(default = "yes")]
+    process_utilization: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_driver() -> String {
@@ -225,6 +288,11 @@ struct EventSet {
 
 struct State {
     config: Config,
+    gpus: Vec<GpuConfig>,
+    /// The fake CUDA driver, when this process has loaded it.
+    driver: Option<Driver>,
+    /// Per GPU: the last utilization sample from the driver's busy time.
+    samples: Vec<Sample>,
     started: Instant,
     utilization_calls: Vec<usize>,
     /// Event sets by handle - 1; `None` once freed.
@@ -233,6 +301,17 @@ struct State {
     faults: Vec<Fault>,
     /// Lines of the faults file already turned into faults.
     fault_lines_seen: usize,
+}
+
+impl State {
+    /// The fake CUDA driver, looked for again until found: a program may load it (dlopen with
+    /// RTLD_GLOBAL) after NVML's init.
+    fn driver(&mut self) -> Option<Driver> {
+        if self.driver.is_none() {
+            self.driver = Driver::find();
+        }
+        self.driver
+    }
 }
 
 fn unix_micros() -> u128 {
@@ -294,8 +373,9 @@ fn lock() -> MutexGuard<'static, Option<State>> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The configuration, all defaults without `FAKE_NVML_CONFIG`; `None` when it cannot be read.
 fn load_config() -> Option<Config> {
-    let raw = std::env::var("FAKE_NVML_CONFIG").ok()?;
+    let raw = std::env::var("FAKE_NVML_CONFIG").unwrap_or_else(|_| "{}".into());
     let text = if raw.trim_start().starts_with('{') {
         raw
     } else {
@@ -312,7 +392,7 @@ fn handle_of(index: usize) -> NvmlDevice {
 
 fn index_of(state: &State, device: NvmlDevice) -> Option<usize> {
     let i = (device as usize).checked_sub(1)?;
-    (i < state.config.gpus.len()).then_some(i)
+    (i < state.gpus.len()).then_some(i)
 }
 
 /// Runs `f` on the initialised state and the GPU behind `device`; NVML returns
@@ -365,7 +445,18 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
     let Some(config) = load_config() else {
         return NVML_ERROR_UNKNOWN;
     };
-    let n = config.gpus.len();
+    let gpus = match &config.gpus {
+        Some(g) => g.clone(),
+        None => match driver::device_totals() {
+            Some(t) => t
+                .into_iter()
+                .enumerate()
+                .map(|(i, total)| GpuConfig::of_fake_driver(i, total))
+                .collect(),
+            None => return NVML_ERROR_UNKNOWN,
+        },
+    };
+    let n = gpus.len();
     let faults = config
         .faults
         .iter()
@@ -373,6 +464,9 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
         .collect();
     *guard = Some(State {
         config,
+        gpus,
+        driver: Driver::find(),
+        samples: (0..n).map(|_| Sample::default()).collect(),
         started: Instant::now(),
         utilization_calls: vec![0; n],
         sets: Vec::new(),
@@ -381,6 +475,12 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
         fault_lines_seen: 0,
     });
     NVML_SUCCESS
+}
+
+/// `nvmlInit`: the older name of `nvmlInit_v2`, which programs built against old headers call.
+#[no_mangle]
+pub extern "C" fn nvmlInit() -> NvmlReturn {
+    nvmlInit_v2()
 }
 
 /// `nvmlShutdown`: the last shutdown of a reference-counted init releases the library.
@@ -427,7 +527,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     // SAFETY: non-null out pointer from the caller.
-    unsafe { *count = state.config.gpus.len() as c_uint };
+    unsafe { *count = state.gpus.len() as c_uint };
     NVML_SUCCESS
 }
 
@@ -441,7 +541,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     let Some(state) = guard.as_mut() else {
         return NVML_ERROR_UNINITIALIZED;
     };
-    if device.is_null() || index as usize >= state.config.gpus.len() {
+    if device.is_null() || index as usize >= state.gpus.len() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     // A lost GPU fails its handle lookup too (NVML_ERROR_GPU_IS_LOST).
@@ -469,7 +569,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     }
     // SAFETY: non-null, NUL-terminated string from the caller (nvml.h's contract).
     let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
-    let Some(i) = state.config.gpus.iter().position(|g| g.uuid == wanted) else {
+    let Some(i) = state.gpus.iter().position(|g| g.uuid == wanted) else {
         return NVML_ERROR_NOT_FOUND;
     };
     if let Some(code) = fault(state, "nvmlDeviceGetHandleByUUID", Some(i)) {
@@ -502,7 +602,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> NvmlReturn {
     // SAFETY: forwarded caller buffer.
     with_gpu("nvmlDeviceGetUUID", device, |s, i| unsafe {
-        write_str(buf, len, &s.config.gpus[i].uuid)
+        write_str(buf, len, &s.gpus[i].uuid)
     })
 }
 
@@ -515,10 +615,52 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 ) -> NvmlReturn {
     // SAFETY: forwarded caller buffer.
     with_gpu("nvmlDeviceGetName", device, |s, i| unsafe {
-        write_str(buf, len, &s.config.gpus[i].name)
+        write_str(buf, len, &s.gpus[i].name)
     })
 }
 
+/// Total and used bytes of GPU `i`: used from the fake driver when this process has it.
+fn memory(s: &mut State, i: usize) -> (u64, u64) {
+    let total = s.gpus[i].total();
+    let used = match s.driver() {
+        Some(d) => d.used(i),
+        None => s.gpus[i].used_mib << 20,
+    };
+    (total, used.min(total))
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct NvmlMemory {
+    total: c_ulonglong,
+    free: c_ulonglong,
+    used: c_ulonglong,
+}
+
+/// `nvmlDeviceGetMemoryInfo`: total, free and used bytes of the device.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    info: *mut NvmlMemory,
+) -> NvmlReturn {
+    if info.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetMemoryInfo", device, |s, i| {
+        let (total, used) = memory(s, i);
+        // SAFETY: non-null pointer to the caller's struct.
+        unsafe {
+            *info = NvmlMemory {
+                total,
+                free: total - used,
+                used,
+            }
+        };
+        NVML_SUCCESS
+    })
+}
+
+/// `nvmlMemory_v2_t`.
 #[repr(C)]
 pub struct NvmlMemoryV2 {
     version: c_uint,
@@ -528,7 +670,12 @@ pub struct NvmlMemoryV2 {
     used: c_ulonglong,
 }
 
-/// `nvmlDeviceGetMemoryInfo_v2`: the caller sets `version`; NVML fills totals in bytes.
+/// `nvmlMemory_v2`: the version the caller must set (`NVML_STRUCT_VERSION(Memory, 2)`: the
+/// struct's size with the version number in the top byte).
+pub const MEMORY_V2: c_uint = std::mem::size_of::<NvmlMemoryV2>() as c_uint | (2 << 24);
+
+/// `nvmlDeviceGetMemoryInfo_v2`: the caller sets `version` (any other value is
+/// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`); NVML fills totals in bytes, reserved memory 0 here.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: NvmlDevice,
@@ -537,10 +684,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     if info.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    // SAFETY: non-null pointer to the caller's struct.
+    if unsafe { (*info).version } != MEMORY_V2 {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
     with_gpu("nvmlDeviceGetMemoryInfo_v2", device, |s, i| {
-        let g = &s.config.gpus[i];
-        let total = g.memory_mib << 20;
-        let used = (g.used_mib << 20).min(total);
+        let (total, used) = memory(s, i);
         // SAFETY: non-null pointer to the caller's struct.
         unsafe {
             (*info).total = total;
@@ -573,7 +722,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     with_gpu("nvmlDeviceGetPciInfo_v3", device, |s, i| {
-        let bus_id = s.config.gpus[i]
+        let bus_id = s.gpus[i]
             .bus_id
             .clone()
             .unwrap_or_else(|| format!("00000000:{:02X}:00.0", i + 1));
@@ -601,7 +750,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     with_gpu("nvmlDeviceGetNumaNodeId", device, |s, i| {
-        match s.config.gpus[i].numa {
+        match s.gpus[i].numa {
             Some(n) => {
                 // SAFETY: non-null out pointer from the caller.
                 unsafe { *node = n };
@@ -623,7 +772,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     with_gpu("nvmlDeviceGetMigMode", device, |s, i| {
-        let m = c_uint::from(s.config.gpus[i].mig);
+        let m = c_uint::from(s.gpus[i].mig);
         // SAFETY: non-null out pointers from the caller.
         unsafe {
             *current = m;
@@ -639,8 +788,25 @@ pub struct NvmlUtilization {
     memory: c_uint,
 }
 
-/// `nvmlDeviceGetUtilizationRates`: percent of the last sample period; here the next value of the
-/// configured series.
+/// The program's own utilization of GPU `i`, percent of the last sample period: from the fake
+/// driver's busy time when this process has it, else the next value of the configured series.
+fn own_utilization(s: &mut State, i: usize) -> u32 {
+    if let Some(d) = s.driver() {
+        let now = s.started.elapsed().as_nanos() as u64;
+        return s.samples[i].update(now, d.busy_ns(i));
+    }
+    let series = &s.gpus[i].utilization;
+    let v = if series.is_empty() {
+        0
+    } else {
+        series[s.utilization_calls[i] % series.len()]
+    };
+    s.utilization_calls[i] += 1;
+    v
+}
+
+/// `nvmlDeviceGetUtilizationRates`: "percent of time over the past sample period during which one or
+/// more kernels was executing on the GPU", everyone's kernels (the other tenant's too).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: NvmlDevice,
@@ -650,19 +816,140 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     with_gpu("nvmlDeviceGetUtilizationRates", device, |s, i| {
-        let series = &s.config.gpus[i].utilization;
-        let v = if series.is_empty() {
-            0
-        } else {
-            series[s.utilization_calls[i] % series.len()]
-        };
-        s.utilization_calls[i] += 1;
-        let g = &s.config.gpus[i];
-        let mem = (g.used_mib * 100).checked_div(g.memory_mib).unwrap_or(0) as c_uint;
+        let v = (own_utilization(s, i) + s.config.other_tenant_utilization).min(100);
+        let (total, used) = memory(s, i);
+        let mem = (used * 100).checked_div(total).unwrap_or(0) as c_uint;
         // SAFETY: non-null pointer to the caller's struct.
         unsafe {
             (*util).gpu = v;
             (*util).memory = mem;
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// The pid NVML reports for the calling process (host pid namespace: `pidOffset`).
+fn reported_pid(s: &State) -> c_uint {
+    std::process::id().wrapping_add(s.config.pid_offset)
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlProcessSample {
+    pid: c_uint,
+    time_stamp: c_ulonglong,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// `nvmlDeviceGetProcessUtilization`: one sample per process that used the device since
+/// `lastSeenTimeStamp` (µs). With a NULL buffer or one too small it returns
+/// NVML_ERROR_INSUFFICIENT_SIZE and the count; NVML_ERROR_NOT_FOUND when no process has a newer
+/// sample. The processes are the calling one when it runs on the fake driver (its GPU work is the
+/// only work the fake driver sees), under its host pid, and the other tenant's when there is one.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    samples: *mut NvmlProcessSample,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> NvmlReturn {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetProcessUtilization", device, |s, i| {
+        if !s.config.process_utilization {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        let now_us = s.started.elapsed().as_micros() as u64;
+        if now_us <= last_seen {
+            return NVML_ERROR_NOT_FOUND;
+        }
+        let sample = |pid, sm_util| NvmlProcessSample {
+            pid,
+            time_stamp: now_us,
+            sm_util,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        };
+        let mut all = Vec::new();
+        if s.driver().is_some() {
+            let own = own_utilization(s, i);
+            all.push(sample(reported_pid(s), own));
+        }
+        if s.config.other_tenant_utilization > 0 {
+            all.push(sample(OTHER_PID, s.config.other_tenant_utilization));
+        }
+        if all.is_empty() {
+            return NVML_ERROR_NOT_FOUND;
+        }
+        // SAFETY: non-null count; `samples` holds `*count` entries when non-null.
+        unsafe {
+            if samples.is_null() || (*count as usize) < all.len() {
+                *count = all.len() as c_uint;
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            for (k, x) in all.iter().enumerate() {
+                *samples.add(k) = *x;
+            }
+            *count = all.len() as c_uint;
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// `nvmlProcessInfo_t` (`_v2` and `_v3` of nvmlDeviceGetComputeRunningProcesses).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: "information about processes with a compute context
+/// on a device"; `*count` in: the buffer's size, out: the number of processes;
+/// NVML_ERROR_INSUFFICIENT_SIZE (with the count) when the buffer is too small, or NULL with a
+/// non-zero count needed. Listed: the calling process once it has a context on the fake driver's
+/// device, and the other tenant's process when there is one.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetComputeRunningProcesses_v3", device, |s, i| {
+        let info = |pid, used_gpu_memory| NvmlProcessInfo {
+            pid,
+            used_gpu_memory,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+        };
+        let mut all = Vec::new();
+        if s.config.other_tenant_utilization > 0 {
+            all.push(info(OTHER_PID, 0));
+        }
+        if let Some(d) = s.driver().filter(|d| d.has_context(i)) {
+            all.push(info(reported_pid(s), d.used(i)));
+        }
+        // SAFETY: non-null count; `infos` holds `*count` entries when non-null.
+        unsafe {
+            if (*count as usize) < all.len() || (infos.is_null() && !all.is_empty()) {
+                *count = all.len() as c_uint;
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            for (k, x) in all.iter().enumerate() {
+                *infos.add(k) = *x;
+            }
+            *count = all.len() as c_uint;
         }
         NVML_SUCCESS
     })
