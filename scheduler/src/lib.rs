@@ -11,6 +11,7 @@ mod dense;
 pub mod extender;
 pub mod metrics;
 pub mod pod;
+pub mod readiness;
 pub mod server;
 pub mod typical;
 pub mod watch;

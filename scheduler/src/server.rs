@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vgpu_core::annotations::ASSIGNMENT;
@@ -30,6 +29,7 @@ use crate::extender::{
 };
 use crate::metrics::Metrics;
 use crate::pod;
+use crate::readiness::Readiness;
 
 /// How the extender decides.
 #[derive(Debug, Clone)]
@@ -130,10 +130,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The API client for bind; `None` when serving without one (tests, benchmarks).
     pub client: Option<kube::Client>,
-    /// Whether the node watch has listed once.
-    pub nodes_synced: AtomicBool,
-    /// Whether the pod watch has listed once.
-    pub pods_synced: AtomicBool,
+    /// Whether the watches' caches are whole (`/readyz`).
+    pub readiness: Readiness,
     /// Pod UID to the hash of the node names its last filter passed, and their scores in order.
     scores: Mutex<HashMap<String, Memo>>,
     /// Dense slots of the last filter's names, by position: tried first by the next filter.
@@ -178,16 +176,15 @@ impl AppState {
             settings,
             metrics: Metrics::new(),
             client,
-            nodes_synced: AtomicBool::new(false),
-            pods_synced: AtomicBool::new(false),
+            readiness: Readiness::default(),
             scores: Mutex::new(HashMap::new()),
             slot_hints: Mutex::new(Vec::new()),
         }
     }
 
-    /// Whether both watches have listed once.
+    /// Whether both watches have a complete LIST since their last failure.
     pub fn ready(&self) -> bool {
-        self.nodes_synced.load(Ordering::Relaxed) && self.pods_synced.load(Ordering::Relaxed)
+        self.readiness.ready()
     }
 
     fn request(&self, pod: &Pod) -> Result<Option<PodRequest>, pod::PodError> {
@@ -719,15 +716,11 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// 200 while both watches' caches are whole; else 503 naming each that is not, and why.
 async fn readyz(State(s): State<Arc<AppState>>) -> Response {
-    if s.ready() {
-        "ok".into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first list of nodes and vGPU pods",
-        )
-            .into_response()
+    match s.readiness.check() {
+        Ok(()) => "ok".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 
@@ -751,6 +744,7 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::readiness::Feed;
     use http_body_util::BodyExt;
     use serde_json::Value;
     use tower::ServiceExt;
@@ -918,8 +912,8 @@ mod tests {
         };
         assert_eq!(get("/healthz").await.0, StatusCode::OK);
         assert_eq!(get("/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
-        s.nodes_synced.store(true, Ordering::Relaxed);
-        s.pods_synced.store(true, Ordering::Relaxed);
+        s.readiness.listed(Feed::Nodes);
+        s.readiness.listed(Feed::Pods);
         assert_eq!(get("/readyz").await.0, StatusCode::OK);
         let (_, ct, text) = get("/metrics").await;
         assert_eq!(ct.as_deref(), Some(exposition::PROMETHEUS_TEXT));

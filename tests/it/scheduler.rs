@@ -5,7 +5,8 @@
 //! Covers: inventory and heartbeat from node annotations (stale and missing nodes left out with a
 //! reason), usage from vGPU pods' assignment annotations, bind writing the assignment then the
 //! Binding, rollback when either API call fails, two pods in flight never given the same memory,
-//! capacity freed when a pod is deleted, and `/metrics` through promtool.
+//! capacity freed when a pod is deleted, `/readyz` following the watches (unsynced after a failed
+//! watch, ready again by itself after a re-list), and `/metrics` through promtool.
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -382,5 +383,48 @@ async fn failed_binding_or_patch_rolls_back() {
     ] {
         assert!(text.contains(want), "missing {want} in:\n{text}");
     }
+    drop(s.proc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_watches_and_recovers_by_itself() {
+    vgpu_tests::binary("vgpu-scheduler");
+    let api = FakeApiServer::start().await.unwrap();
+    api.create(node("n1", &[("GPU-one", 8192)], Some(now())))
+        .unwrap();
+    api.create(pod("held", 8192)).unwrap();
+    let s = start(&api, &[]).await;
+    s.filter(&api, "held", &["n1"]).await;
+    let b = s.bind(&api, "held", "n1").await;
+    assert_eq!(b, json!({}), "bind failed: {b}");
+
+    // The pod watch breaks and cannot be re-established: the cache may miss events, so /readyz
+    // says which watch and why, while the node watch stays out of it.
+    api.fail_verb("watch", Some("/api/v1/pods"), usize::MAX, 500);
+    api.fail_verb("list", Some("/api/v1/pods"), usize::MAX, 500);
+    api.close_watches();
+    let why = vgpu_tests::wait_for_async(WAIT, "/readyz to fail", || async {
+        let (status, body) = http(s.metrics, "GET", "/readyz", "").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        why.starts_with("cache not synced: vGPU pods: not listed since a failure (last error: "),
+        "{why}"
+    );
+    assert!(why.contains("500"), "{why}");
+    assert!(!why.contains("nodes"), "{why}");
+
+    // Meanwhile the held pod goes away; once the API server is back the watch re-lists by itself
+    // and the cache is whole again: ready, and the freed memory is offered.
+    api.delete("v1", "pods", "team-a", "held").unwrap();
+    api.clear_faults();
+    vgpu_tests::wait_for_async(WAIT, "/readyz to recover", || async {
+        (http(s.metrics, "GET", "/readyz", "").await.0 == 200).then_some(())
+    })
+    .await;
+    api.create(pod("next", 8192)).unwrap();
+    let r = s.filter(&api, "next", &["n1"]).await;
+    assert_eq!(r["nodenames"], json!(["n1"]), "{r}");
     drop(s.proc);
 }
