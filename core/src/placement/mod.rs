@@ -996,7 +996,81 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     buf: &mut PlaceBuf,
     frag: Option<&frag::LiveFrag>,
 ) -> Result<u32, Miss> {
+    // The table is only read under a fragmentation policy (the cluster hands it over whenever it
+    // knows a GPU pod).
+    let frag_used = frag.is_some()
+        && (pod.node_policy == Policy::Fragmentation || pod.gpu_policy == Policy::Fragmentation);
+    if !frag_used && !pod.filter.typed() && !pod.filter.uuids() {
+        if let [c] = pod.containers.as_slice() {
+            if c.request.gpus == 1 {
+                let gpus: &[GpuHot] = match node.hot_slice() {
+                    Some(s) => s,
+                    None => {
+                        buf.hot.clear();
+                        buf.hot.extend((0..node.len()).map(|i| node.hot(i)));
+                        &buf.hot
+                    }
+                };
+                if let Some(score) = score_one_gpu(gpus, pod, &c.request) {
+                    return Ok(score);
+                }
+            }
+        }
+    }
     place_core(node, pod, buf, None, frag)
+}
+
+/// [`score_buf`] for the request nearly every pod makes (one container, one GPU, no type or UUID
+/// lists, no fragmentation policy with a table), in one pass over the hot records: no scratch
+/// copy, no candidate list, the node's use summed in the same pass. The same choice and score as
+/// [`place_core`] (proptest `never_overcommits` compares the two); `None` when no GPU fits, and
+/// [`place_core`] then works out why.
+fn score_one_gpu(gpus: &[GpuHot], pod: &PodRequest, r: &VgpuRequest) -> Option<u32> {
+    let exclusive = r.cores >= EXCLUSIVE_CORES;
+    let spread = pod.gpu_policy == Policy::Spread;
+    let (mut sum, mut n) = (0u64, 0u64);
+    // (use after placement, GPU index, position) of the best GPU so far, first one on ties.
+    let mut best: Option<(u64, u32, usize)> = None;
+    for (i, g) in gpus.iter().enumerate() {
+        if !g.usable {
+            continue;
+        }
+        sum += u64::from(g.use_now);
+        n += 1;
+        if g.slices >= g.split || g.exclusive || (exclusive && g.slices > 0) {
+            continue;
+        }
+        let free_cores = g.cores.saturating_sub(g.used_cores);
+        let cores_ok = exclusive
+            || if r.cores == 0 {
+                free_cores > 0
+            } else {
+                free_cores >= r.cores
+            };
+        let want = r.mib_per_gpu(g.memory_mib);
+        if !cores_ok || g.memory_mib.saturating_sub(g.used_mib) < want {
+            continue;
+        }
+        let after = g.use_permille(g.used_mib.saturating_add(want), g.used_cores);
+        let better = match best {
+            None => true,
+            Some((a, index, _)) if spread => (after, g.index) < (a, index),
+            Some((a, index, _)) => after > a || (after == a && g.index < index),
+        };
+        if better {
+            best = Some((after, g.index, i));
+        }
+    }
+    let (_, _, i) = best?;
+    let g = &gpus[i];
+    let s = Scratch::of(g).with(g, r);
+    let sum = sum - u64::from(g.use_now) + g.use_permille(s.used_mib, s.used_cores);
+    let used = sum.checked_div(n).unwrap_or(0);
+    let permille = match pod.node_policy {
+        Policy::Spread => 1000 - used.min(1000),
+        _ => used,
+    };
+    Some(((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32)
 }
 
 fn place_core<S: GpuSet + ?Sized>(
