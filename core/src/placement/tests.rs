@@ -406,19 +406,28 @@ proptest::proptest! {
     /// it has, never the same GPU twice in a container, and an exclusive slice is alone.
     #[test]
     fn never_overcommits(
-        cards in proptest::collection::vec((1u64..100_000, 1u32..6), 1..8),
-        pods in proptest::collection::vec((1u32..4, 1u64..60_000, 0u32..101, proptest::bool::ANY, 1u32..101, proptest::bool::ANY), 1..40),
+        cards in proptest::collection::vec((1u64..100_000, 1u32..6, proptest::bool::ANY), 1..8),
+        pods in proptest::collection::vec((1u32..4, 1u64..60_000, 0u32..101, proptest::bool::ANY, 1u32..101, proptest::bool::ANY, 0u8..6), 1..40),
     ) {
-        let devs: Vec<_> = cards.iter().enumerate().map(|(i, &(mib, split))| {
-            let mut d = dev(&format!("GPU-{i}"), i as u32, "NVIDIA T4", mib);
+        let devs: Vec<_> = cards.iter().enumerate().map(|(i, &(mib, split, a100))| {
+            let model = if a100 { "NVIDIA A100-SXM4-80GB" } else { "NVIDIA T4" };
+            let mut d = dev(&format!("GPU-{i}"), i as u32, model, mib);
             d.split = split;
             d
         }).collect();
         let mut n = node(&devs);
         let mut placed: Vec<Vec<DeviceSlice>> = vec![Vec::new(); devs.len()];
-        for (gpus, mib, cores, pct, p, spread) in pods {
+        for (gpus, mib, cores, pct, p, spread, lists) in pods {
             let memory = if pct { Memory::Percent(p) } else { Memory::Mib(mib) };
             let mut pod = one(gpus, memory, cores);
+            // Type and UUID lists, so the one-container pass is checked with them too.
+            match lists {
+                1 => pod.filter.use_types = NameList::parse("a100"),
+                2 => pod.filter.nouse_types = NameList::parse("t4"),
+                3 => pod.filter.nouse_uuids = NameList::parse("GPU-0"),
+                4 => pod.filter.use_uuids = NameList::parse("GPU-1,GPU-2,GPU-3"),
+                _ => {}
+            }
             pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
             pod.node_policy = if mib % 2 == 0 { Policy::Spread } else { Policy::Binpack };
             let scored = score(&n, &pod).ok();
