@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -128,7 +128,6 @@ struct Activity {
     head_since: AtomicU64,
     /// Milliseconds since `origin` when the last request finished (or the connection opened).
     last_done: AtomicU64,
-    changed: Notify,
     /// A refusal (413, 408) went out with the request body still on the wire: linger at close.
     linger: std::sync::atomic::AtomicBool,
 }
@@ -153,7 +152,6 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             head_since: AtomicU64::new(NONE),
             last_done: AtomicU64::new(0),
-            changed: Notify::new(),
             linger: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -163,21 +161,26 @@ impl Activity {
     }
 
     /// Bytes arrived: if no request is in flight, they begin a request head.
+    ///
+    /// Nothing here (nor at a request's start or end) wakes the watchdog: a change either moves
+    /// its deadline later, which it finds when it looks at the earlier one, or starts the head
+    /// clock, whose deadline is never sooner than the watchdog's next look (see [`next_look`]).
+    /// A wake per request cost a poll of the connection and a timer entry, three times each.
     fn bytes_read(&self) {
-        if self.in_flight.load(Ordering::SeqCst) == 0
-            && self
-                .head_since
-                .compare_exchange(NONE, self.now_ms(), Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
-            self.changed.notify_one();
+        if self.in_flight.load(Ordering::SeqCst) == 0 {
+            // Err: a head is already being timed.
+            let _ = self.head_since.compare_exchange(
+                NONE,
+                self.now_ms(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
         }
     }
 
     fn request_started(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.head_since.store(NONE, Ordering::SeqCst);
-        self.changed.notify_one();
         InFlight(self.clone())
     }
 
@@ -216,7 +219,6 @@ impl Drop for InFlight {
         let a = &self.0;
         a.last_done.store(a.now_ms(), Ordering::SeqCst);
         a.in_flight.fetch_sub(1, Ordering::SeqCst);
-        a.changed.notify_one();
     }
 }
 
@@ -403,12 +405,43 @@ async fn connection<IO>(
     if h2 {
         let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new());
-        watchdog(b.serve_connection(io, service), activity, &limits, stop).await;
+        // No head clock on HTTP/2 (see the module documentation).
+        watchdog(
+            b.serve_connection(io, service),
+            activity,
+            &limits,
+            false,
+            stop,
+        )
+        .await;
     } else {
         let mut b = hyper::server::conn::http1::Builder::new();
         b.timer(TokioTimer::new()).header_read_timeout(None);
-        watchdog(b.serve_connection(io, service), activity, &limits, stop).await;
+        watchdog(
+            b.serve_connection(io, service),
+            activity,
+            &limits,
+            true,
+            stop,
+        )
+        .await;
     }
+}
+
+/// When the watchdog looks again after looking at `now`, given the verdict's `due` (both in ms
+/// since `origin`).
+///
+/// Nobody wakes the watchdog when a request head begins, so with a head clock it looks at least
+/// once per header timeout: a head that begins at `t >= now` is seen at the next look, at most at
+/// `now + header timeout <= t + header timeout`, its deadline or before; from there it is timed
+/// to the millisecond. (While a head is timed, `due` is already that soon.) An idle HTTP/1
+/// connection is so looked at once per header timeout, 10 s by default.
+fn next_look(now: u64, due: u64, limits: &Limits, head_clock: bool) -> u64 {
+    if !head_clock {
+        return due;
+    }
+    let ht = u64::try_from(limits.header_read_timeout.as_millis()).unwrap_or(NONE - 1);
+    due.min(now.saturating_add(ht))
 }
 
 /// Drives `conn` to its end, closing it at the header and idle timeouts and at shutdown; a
@@ -417,6 +450,7 @@ async fn watchdog<C: Graceful>(
     conn: C,
     activity: Arc<Activity>,
     limits: &Limits,
+    head_clock: bool,
     mut stop: watch::Receiver<bool>,
 ) {
     tokio::pin!(conn);
@@ -424,18 +458,24 @@ async fn watchdog<C: Graceful>(
     loop {
         let wake = match finishing {
             Some(since) => since + limits.shutdown_grace,
-            None => match activity.verdict(activity.now_ms(), limits) {
-                Verdict::Recheck(at) => activity.origin + Duration::from_millis(at),
-                Verdict::HeadTimeout => {
-                    tracing::debug!("request head not received in time; closing");
-                    return;
+            None => {
+                let now = activity.now_ms();
+                match activity.verdict(now, limits) {
+                    Verdict::Recheck(due) => {
+                        activity.origin
+                            + Duration::from_millis(next_look(now, due, limits, head_clock))
+                    }
+                    Verdict::HeadTimeout => {
+                        tracing::debug!("request head not received in time; closing");
+                        return;
+                    }
+                    Verdict::Idle => {
+                        conn.as_mut().finish();
+                        finishing = Some(Instant::now());
+                        continue;
+                    }
                 }
-                Verdict::Idle => {
-                    conn.as_mut().finish();
-                    finishing = Some(Instant::now());
-                    continue;
-                }
-            },
+            }
         };
         tokio::select! {
             r = conn.as_mut() => {
@@ -448,7 +488,6 @@ async fn watchdog<C: Graceful>(
                 conn.as_mut().finish();
                 finishing = Some(Instant::now());
             }
-            _ = activity.changed.notified(), if finishing.is_none() => {}
             _ = tokio::time::sleep_until(wake) => {
                 if finishing.is_some() {
                     tracing::debug!("connection did not finish in time; dropping it");
@@ -492,5 +531,26 @@ mod tests {
         assert_eq!(a.verdict(done + 999, &l), Verdict::Recheck(done + 1000));
         a.bytes_read();
         assert_ne!(a.head_since.load(Ordering::SeqCst), NONE, "next head");
+    }
+
+    /// Nothing wakes the watchdog when a head begins, so it must look again by the time the head
+    /// could time out: at most one header timeout after any look (HTTP/1), and when the verdict
+    /// says so only on HTTP/2, which has no head clock.
+    #[test]
+    fn the_watchdog_looks_again_before_an_unannounced_head_could_time_out() {
+        let l = limits();
+        // Idle at 0: the idle deadline is 1000, but a head beginning at 0 is due at 100.
+        assert_eq!(next_look(0, 1000, &l, true), 100);
+        assert_eq!(next_look(0, 1000, &l, false), 1000);
+        // A head being timed (due 550) or an idle deadline sooner than a header timeout: as is.
+        assert_eq!(next_look(500, 550, &l, true), 550);
+        assert_eq!(next_look(950, 1000, &l, true), 1000);
+        // In flight (verdict: look again an idle timeout later): still within a header timeout.
+        let a = Arc::new(Activity::new());
+        let _req = a.request_started();
+        let Verdict::Recheck(due) = a.verdict(5000, &l) else {
+            panic!("in flight is not a timeout");
+        };
+        assert_eq!(next_look(5000, due, &l, true), 5100);
     }
 }
