@@ -14,7 +14,9 @@ const EXAMPLE: &str = include_str!("../../examples/admission-review.json");
 fn full_path(body: &[u8], settings: &MutateSettings) -> Vec<u8> {
     let req = AdmissionRequest::for_mutation(body).unwrap_or_else(|e| panic!("{e}"));
     let (resp, _) = decide_mutation(&req, settings);
-    serde_json::to_vec(&resp.into_review()).unwrap_or_default()
+    let mut out = Vec::with_capacity(1024);
+    resp.into_review().write_json(&mut out).unwrap_or_default();
+    out
 }
 
 /// The same with the object read whole into a `Value` (what `/mutate` did before), for the ratio.

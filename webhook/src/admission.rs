@@ -277,6 +277,55 @@ pub struct ReviewOut {
     pub response: AdmissionResponse,
 }
 
+impl ReviewOut {
+    /// Appends the review as JSON to `out`: the same bytes as `serde_json::to_writer`, but the
+    /// base64 patch, most of the answer, is checked in one vectorised pass and copied as it is,
+    /// instead of going through the escaping writer byte by byte (base64 has nothing to escape;
+    /// a field that does is written by serde).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        let r = &self.response;
+        out.extend_from_slice(b"{\"apiVersion\":");
+        serde_json::to_writer(&mut *out, self.api_version)?;
+        out.extend_from_slice(b",\"kind\":");
+        serde_json::to_writer(&mut *out, self.kind)?;
+        out.extend_from_slice(b",\"response\":{\"uid\":");
+        serde_json::to_writer(&mut *out, &r.uid)?;
+        out.extend_from_slice(if r.allowed {
+            b",\"allowed\":true"
+        } else {
+            b",\"allowed\":false"
+        });
+        if let Some(status) = &r.status {
+            out.extend_from_slice(b",\"status\":");
+            serde_json::to_writer(&mut *out, status)?;
+        }
+        if let Some(patch_type) = r.patch_type {
+            out.extend_from_slice(b",\"patchType\":");
+            serde_json::to_writer(&mut *out, patch_type)?;
+        }
+        if let Some(patch) = &r.patch {
+            out.extend_from_slice(b",\"patch\":");
+            // serde_json escapes exactly these bytes; a fold, not `any`, so that it vectorises.
+            let needs_escape = patch.bytes().fold(false, |acc, b| {
+                acc | (b < 0x20) | (b == b'"') | (b == b'\\')
+            });
+            if !needs_escape {
+                out.push(b'"');
+                out.extend_from_slice(patch.as_bytes());
+                out.push(b'"');
+            } else {
+                serde_json::to_writer(&mut *out, patch)?;
+            }
+        }
+        if !r.warnings.is_empty() {
+            out.extend_from_slice(b",\"warnings\":");
+            serde_json::to_writer(&mut *out, &r.warnings)?;
+        }
+        out.extend_from_slice(b"}}");
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +365,40 @@ mod tests {
             AdmissionRequest::from_review_bytes(no_req.as_bytes()),
             Err(ReviewError::NoRequest)
         ));
+    }
+
+    /// The hand-written answer is byte for byte what serde writes, for every optional field.
+    #[test]
+    fn write_json_is_what_serde_writes() {
+        let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
+            json_patch::AddOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "schedulerName"]),
+                value: serde_json::json!("vgpu-scheduler"),
+            },
+        )]);
+        let mut odd = AdmissionResponse::allow("u");
+        odd.patch = Some("not \"base64\"\n".into());
+        let mut unicode = AdmissionResponse::allow("u");
+        unicode.patch = Some("ünïcode\u{7f}/+=".into());
+        let cases = [
+            AdmissionResponse::allow("705ab4f5-6393-11e8-b7cc-42010a800002"),
+            AdmissionResponse::allow("u\"\\\u{1}").with_patch(&patch),
+            AdmissionResponse::allow("u")
+                .with_patch(&patch)
+                .with_warnings(vec!["a \"quoted\" warning".into(), "ünïcode".into()]),
+            AdmissionResponse::allow("u").deny(422, "Invalid", "vgpu: container \"c\": bad"),
+            odd,
+            unicode,
+        ];
+        for response in cases {
+            let review = response.into_review();
+            let mut ours = Vec::new();
+            review.write_json(&mut ours).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                serde_json::to_string(&review).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -203,7 +203,7 @@ fn review_response(review: &ReviewOut) -> Response {
         + r.status.as_ref().map_or(0, |s| 64 + s.message.len())
         + r.warnings.iter().map(|w| 4 + w.len()).sum::<usize>();
     let mut buf = Vec::with_capacity(size);
-    match serde_json::to_writer(&mut buf, review) {
+    match review.write_json(&mut buf) {
         Ok(()) => {
             let mut resp = Response::new(axum::body::Body::from(buf));
             resp.headers_mut().insert(
