@@ -157,7 +157,7 @@ impl Activity {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(NONE - 1)
+        millis(self.origin.elapsed())
     }
 
     /// Bytes arrived: if no request is in flight, they begin a request head.
@@ -185,10 +185,9 @@ impl Activity {
     }
 
     fn verdict(&self, now: u64, limits: &Limits) -> Verdict {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(NONE - 1);
         let head = self.head_since.load(Ordering::SeqCst);
         if head != NONE {
-            let due = head.saturating_add(ms(limits.header_read_timeout));
+            let due = head.saturating_add(millis(limits.header_read_timeout));
             return if now >= due {
                 Verdict::HeadTimeout
             } else {
@@ -197,12 +196,12 @@ impl Activity {
         }
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             // The body timeout and the handler bound a request; look again later.
-            return Verdict::Recheck(now.saturating_add(ms(limits.idle_timeout)));
+            return Verdict::Recheck(now.saturating_add(millis(limits.idle_timeout)));
         }
         let due = self
             .last_done
             .load(Ordering::SeqCst)
-            .saturating_add(ms(limits.idle_timeout));
+            .saturating_add(millis(limits.idle_timeout));
         if now >= due {
             Verdict::Idle
         } else {
@@ -440,8 +439,12 @@ fn next_look(now: u64, due: u64, limits: &Limits, head_clock: bool) -> u64 {
     if !head_clock {
         return due;
     }
-    let ht = u64::try_from(limits.header_read_timeout.as_millis()).unwrap_or(NONE - 1);
-    due.min(now.saturating_add(ht))
+    due.min(now.saturating_add(millis(limits.header_read_timeout)))
+}
+
+/// A duration in the watchdog's milliseconds (an absurdly long one stays below [`NONE`]).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(NONE - 1)
 }
 
 /// Drives `conn` to its end, closing it at the header and idle timeouts and at shutdown; a

@@ -1003,14 +1003,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     if !frag_used && !pod.filter.typed() && !pod.filter.uuids() {
         if let [c] = pod.containers.as_slice() {
             if c.request.gpus == 1 {
-                let gpus: &[GpuHot] = match node.hot_slice() {
-                    Some(s) => s,
-                    None => {
-                        buf.hot.clear();
-                        buf.hot.extend((0..node.len()).map(|i| node.hot(i)));
-                        &buf.hot
-                    }
-                };
+                let gpus = hot_records(node, &mut buf.hot);
                 if let Some(score) = score_one_gpu(gpus, pod, &c.request) {
                     return Ok(score);
                 }
@@ -1041,14 +1034,8 @@ fn score_one_gpu(gpus: &[GpuHot], pod: &PodRequest, r: &VgpuRequest) -> Option<u
             continue;
         }
         let free_cores = g.cores.saturating_sub(g.used_cores);
-        let cores_ok = exclusive
-            || if r.cores == 0 {
-                free_cores > 0
-            } else {
-                free_cores >= r.cores
-            };
         let want = r.mib_per_gpu(g.memory_mib);
-        if !cores_ok || g.memory_mib.saturating_sub(g.used_mib) < want {
+        if !cores_fit(r, exclusive, free_cores) || g.memory_mib.saturating_sub(g.used_mib) < want {
             continue;
         }
         let after = g.use_permille(g.used_mib.saturating_add(want), g.used_cores);
@@ -1065,12 +1052,45 @@ fn score_one_gpu(gpus: &[GpuHot], pod: &PodRequest, r: &VgpuRequest) -> Option<u
     let g = &gpus[i];
     let s = Scratch::of(g).with(g, r);
     let sum = sum - u64::from(g.use_now) + g.use_permille(s.used_mib, s.used_cores);
+    Some(node_score(sum, n, pod.node_policy))
+}
+
+/// The node's hot GPU records: its own slice when it keeps one, else made into `hot`.
+fn hot_records<'a, S: GpuSet + ?Sized>(node: &'a S, hot: &'a mut Vec<GpuHot>) -> &'a [GpuHot] {
+    match node.hot_slice() {
+        Some(s) => s,
+        None => {
+            hot.clear();
+            hot.extend((0..node.len()).map(|i| node.hot(i)));
+            hot
+        }
+    }
+}
+
+/// Whether a GPU with `free_cores` left takes the request's cores (`exclusive`: the request takes
+/// the whole card, whatever its cores). A share of 0 cores still needs some compute left on the
+/// card (HAMi skips a card whose cores are all placed).
+#[inline]
+fn cores_fit(r: &VgpuRequest, exclusive: bool, free_cores: u32) -> bool {
+    if exclusive {
+        true
+    } else if r.cores == 0 {
+        free_cores > 0
+    } else {
+        free_cores >= r.cores
+    }
+}
+
+/// The node score from the use per mille summed over its `n` usable GPUs after placement: the
+/// mean use under binpack, what is left of it under spread, on the `0..=MAX_SCORE` scale.
+#[inline]
+fn node_score(sum: u64, n: u64, node_policy: Policy) -> u32 {
     let used = sum.checked_div(n).unwrap_or(0);
-    let permille = match pod.node_policy {
+    let permille = match node_policy {
         Policy::Spread => 1000 - used.min(1000),
         _ => used,
     };
-    Some(((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32)
+    ((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32
 }
 
 fn place_core<S: GpuSet + ?Sized>(
@@ -1089,14 +1109,7 @@ fn place_core<S: GpuSet + ?Sized>(
         frag_after,
         touched,
     } = buf;
-    let gpus: &[GpuHot] = match node.hot_slice() {
-        Some(s) => s,
-        None => {
-            hot.clear();
-            hot.extend((0..node.len()).map(|i| node.hot(i)));
-            hot
-        }
-    };
+    let gpus = hot_records(node, hot);
     scratch.clear();
     scratch.extend(gpus.iter().map(Scratch::of));
     touched.clear();
@@ -1150,15 +1163,7 @@ fn place_core<S: GpuSet + ?Sized>(
             }
             n_excl += 1;
             let free_cores = g.cores.saturating_sub(s.used_cores);
-            // A share of 0 cores still needs some compute left on the card (HAMi skips a card whose
-            // cores are all placed).
-            let cores_ok = if exclusive {
-                true
-            } else if r.cores == 0 {
-                free_cores > 0
-            } else {
-                free_cores >= r.cores
-            };
+            let cores_ok = cores_fit(r, exclusive, free_cores);
             if best_cores.is_none_or(|(b, _)| free_cores > b) {
                 best_cores = Some((free_cores, i));
             }
@@ -1280,12 +1285,7 @@ fn place_core<S: GpuSet + ?Sized>(
         let (g, s) = (&gpus[i], &scratch[i]);
         sum = sum - u64::from(g.use_now) + g.use_permille(s.used_mib, s.used_cores);
     }
-    let used = sum.checked_div(n).unwrap_or(0);
-    let permille = match pod.node_policy {
-        Policy::Spread => 1000 - used.min(1000),
-        _ => used,
-    };
-    Ok(((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32)
+    Ok(node_score(sum, n, pod.node_policy))
 }
 
 #[cfg(test)]
