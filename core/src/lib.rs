@@ -23,6 +23,7 @@
 pub mod accounting;
 pub mod annotations;
 pub mod assignment;
+pub mod borrowed;
 pub mod env;
 pub mod exposition;
 pub mod inventory;

@@ -162,41 +162,7 @@ pub fn node_name(node: &Value) -> Option<&str> {
     node.pointer("/metadata/name").and_then(Value::as_str)
 }
 
-/// A string from a request body: borrowed from the body unless it had escapes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Name<'a>(pub Cow<'a, str>);
-
-impl Name<'_> {
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Name<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(
-                self,
-                v: &'de str,
-            ) -> Result<Self::Value, E> {
-                Ok(Name(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Name(Cow::Owned(v.to_string())))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Name(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
+pub use vgpu_core::borrowed::Name;
 
 /// A quantity as k8s-openapi reads one: a string, or a JSON number kept as its decimal text.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod logbuf;
 pub mod metrics;
 pub mod mutate;
 pub mod pod;
+pub mod podview;
 pub mod pruned;
 pub mod server;
 pub mod tls;

@@ -20,11 +20,13 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOp
 use serde_json::{json, Map, Value};
 use thiserror::Error;
 use vgpu_core::annotations::{InjectedMarker, INJECTED, MANAGED_LABEL, MANAGED_VALUE};
+use vgpu_core::borrowed::Name;
 use vgpu_core::env;
 use vgpu_core::quantity::parse_integer;
 use vgpu_core::request::{Memory, RequestError, RequestPolicy, VgpuRequest};
 
-use crate::pod::{self, PodContainer, ShapeError};
+use crate::pod::ShapeError;
+use crate::podview::{ContainerView, PodView, Quantity};
 
 /// Scheduler name that means "not chosen by the user".
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -75,9 +77,13 @@ pub struct Mutation {
 
 /// Computes the patch for a pod.
 pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, MutateError> {
-    let containers = pod::containers(pod)?;
+    mutate_view(&PodView::from_value(pod)?, settings)
+}
+
+/// Computes the patch for a pod read as a [`PodView`] (what [`mutate_pod`] does after reading it).
+pub fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutation, MutateError> {
     let mut wanted = Vec::new();
-    for c in &containers {
+    for c in &pod.containers {
         if let Some(req) = settings.policy.parse_container(&c.resources)? {
             wanted.push((c, req));
         }
@@ -108,7 +114,7 @@ pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, Mu
 /// written (`4Gi`) asks for far more than meant: 4 Gi MiB, which no card has. Admitted as asked
 /// (it is a valid quantity), but the user is told what it means.
 fn suffixed_gpumem_warning(
-    c: &PodContainer<'_>,
+    c: &ContainerView<'_>,
     req: &VgpuRequest,
     policy: &RequestPolicy,
 ) -> Option<String> {
@@ -173,24 +179,23 @@ fn ptr<'a>(tokens: impl IntoIterator<Item = &'a str>) -> PointerBuf {
     PointerBuf::from_tokens(tokens)
 }
 
-fn metadata(pod: &Value, wanted: &[(&PodContainer<'_>, VgpuRequest)], ops: &mut Ops) {
+fn metadata(pod: &PodView<'_>, wanted: &[(&ContainerView<'_>, VgpuRequest)], ops: &mut Ops) {
     let marker =
         InjectedMarker::new(wanted.iter().map(|(c, r)| (c.resources.name.clone(), *r))).encode();
-    let meta = pod.get("metadata").filter(|m| m.is_object());
-    if meta.is_none() {
+    let Some(meta) = &pod.metadata else {
         ops.add(
             ptr(["metadata"]),
             json!({"labels": {MANAGED_LABEL: MANAGED_VALUE}, "annotations": {INJECTED: marker}}),
         );
         return;
-    }
-    for (field, key, value) in [
-        ("labels", MANAGED_LABEL, MANAGED_VALUE),
-        ("annotations", INJECTED, marker.as_str()),
+    };
+    for (field, map, key, value) in [
+        ("labels", &meta.labels, MANAGED_LABEL, MANAGED_VALUE),
+        ("annotations", &meta.annotations, INJECTED, marker.as_str()),
     ] {
-        match meta.and_then(|m| m.get(field)).and_then(Value::as_object) {
+        match map {
             None => ops.add(ptr(["metadata", field]), json!({ key: value })),
-            Some(map) if map.get(key).and_then(Value::as_str) == Some(value) => {}
+            Some(current) if current.as_ref().map(Name::as_str) == Some(value) => {}
             Some(_) => ops.add(
                 ptr(["metadata", field, key]),
                 Value::String(value.to_string()),
@@ -199,8 +204,13 @@ fn metadata(pod: &Value, wanted: &[(&PodContainer<'_>, VgpuRequest)], ops: &mut 
     }
 }
 
-fn scheduling(pod: &Value, settings: &MutateSettings, ops: &mut Ops, warnings: &mut Vec<String>) {
-    match pod::str_at(pod, &["spec", "schedulerName"]) {
+fn scheduling(
+    pod: &PodView<'_>,
+    settings: &MutateSettings,
+    ops: &mut Ops,
+    warnings: &mut Vec<String>,
+) {
+    match pod.scheduler_name.as_ref().map(Name::as_str) {
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
             ops.add(
                 ptr(["spec", "schedulerName"]),
@@ -214,7 +224,7 @@ fn scheduling(pod: &Value, settings: &MutateSettings, ops: &mut Ops, warnings: &
         )),
     }
     if let Some(rc) = &settings.runtime_class {
-        match pod::str_at(pod, &["spec", "runtimeClassName"]) {
+        match pod.runtime_class_name.as_ref().map(Name::as_str) {
             None | Some("") => {
                 ops.add(ptr(["spec", "runtimeClassName"]), Value::String(rc.clone()))
             }
@@ -238,12 +248,11 @@ fn desired_resources(req: &VgpuRequest, policy: &RequestPolicy) -> Vec<(String, 
     out
 }
 
-fn resources(c: &PodContainer<'_>, req: &VgpuRequest, policy: &RequestPolicy, ops: &mut Ops) {
+fn resources(c: &ContainerView<'_>, req: &VgpuRequest, policy: &RequestPolicy, ops: &mut Ops) {
     let [spec, field, index] = c.pointer();
     let base = [spec.as_str(), field.as_str(), index.as_str()];
     let desired = desired_resources(req, policy);
-    let res = c.json.get("resources").and_then(Value::as_object);
-    let Some(res) = res else {
+    if !c.resources_object {
         let map: Map<String, Value> = desired
             .iter()
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
@@ -252,16 +261,18 @@ fn resources(c: &PodContainer<'_>, req: &VgpuRequest, policy: &RequestPolicy, op
         path.push_back("resources");
         ops.add(path, json!({"limits": map.clone(), "requests": map}));
         return;
-    };
-    for section in ["limits", "requests"] {
-        let current = res.get(section).and_then(Value::as_object);
+    }
+    for (section, current) in [("limits", &c.limits), ("requests", &c.requests)] {
         let mut missing = Map::new();
         for (name, value) in &desired {
-            let present = current.and_then(|m| m.get(name)).map(|v| match v {
-                Value::String(s) => parse_integer(s).ok(),
-                Value::Number(n) => n.as_u64(),
-                _ => None,
-            });
+            let present = current
+                .iter()
+                .flatten()
+                .find(|(k, _)| k.as_str() == name)
+                .map(|(_, q)| match q {
+                    Quantity::Text(s) => parse_integer(s.as_str()).ok(),
+                    Quantity::Number(n) => n.as_u64(),
+                });
             if present != Some(Some(*value)) {
                 missing.insert(name.clone(), Value::String(value.to_string()));
             }
@@ -295,14 +306,14 @@ pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
     out
 }
 
-fn environment(c: &PodContainer<'_>, req: &VgpuRequest, ops: &mut Ops) {
+fn environment(c: &ContainerView<'_>, req: &VgpuRequest, ops: &mut Ops) {
     let [spec, field, index] = c.pointer();
     let mut base = ptr([spec.as_str(), field.as_str(), index.as_str()]);
     base.push_back("env");
     let desired = desired_env(req);
     let entry = |name: &str, value: &str| json!({"name": name, "value": value});
 
-    let Some(current) = c.json.get("env").and_then(Value::as_array) else {
+    let Some(current) = &c.env else {
         ops.add(
             base,
             Value::Array(desired.iter().map(|(n, v)| entry(n, v)).collect()),
@@ -311,7 +322,7 @@ fn environment(c: &PodContainer<'_>, req: &VgpuRequest, ops: &mut Ops) {
     };
     let mut satisfied = vec![false; desired.len()];
     for (i, e) in current.iter().enumerate() {
-        let Some(name) = e.get("name").and_then(Value::as_str) else {
+        let Some(name) = e.name.as_ref().map(Name::as_str) else {
             continue;
         };
         if !env::is_reserved(name) {
@@ -323,8 +334,8 @@ fn environment(c: &PodContainer<'_>, req: &VgpuRequest, ops: &mut Ops) {
             // The first occurrence of a wanted variable is corrected in place.
             Some(d) if !satisfied[d] => {
                 satisfied[d] = true;
-                let ok = e.get("value").and_then(Value::as_str) == Some(desired[d].1.as_str())
-                    && e.get("valueFrom").is_none();
+                let ok = e.value.as_ref().map(Name::as_str) == Some(desired[d].1.as_str())
+                    && !e.value_from;
                 if !ok {
                     ops.replace(at, entry(desired[d].0, &desired[d].1));
                 }

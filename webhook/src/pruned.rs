@@ -18,9 +18,9 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Map, Number, Value};
-use std::borrow::Cow;
 use std::fmt;
 use vgpu_core::annotations::{INJECTED, MANAGED_LABEL};
+use vgpu_core::borrowed::Name;
 
 /// A pod object with only the fields the mutation reads (see the module documentation).
 #[derive(Debug, Clone, PartialEq)]
@@ -156,7 +156,7 @@ impl<'de> Visitor<'de> for NodeVisitor {
             return Value::deserialize(MapAccessDeserializer::new(map));
         }
         let mut out = Map::new();
-        while let Some(Key(key)) = map.next_key()? {
+        while let Some(Name(key)) = map.next_key()? {
             match self.0.child(&key) {
                 // A repeated key replaces the earlier value, as in `Value`.
                 Some(node) => {
@@ -172,34 +172,9 @@ impl<'de> Visitor<'de> for NodeVisitor {
     }
 }
 
-/// An object key, borrowed from the body when it holds no escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
 /// Any JSON value, read and checked like [`Value`] (unlike `IgnoredAny`, which lets serde_json
 /// skip strings without checking escapes), and dropped.
-struct Skip;
+pub(crate) struct Skip;
 
 impl<'de> Deserialize<'de> for Skip {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
