@@ -117,7 +117,11 @@ fn none<O>() -> Option<O> {
 fn read_review<'de, O: Deserialize<'de>>(
     body: &'de [u8],
 ) -> Result<AdmissionRequest<O>, ReviewError> {
-    let review: ReviewIn<O> = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    check_review(serde_json::from_slice(body).map_err(ReviewError::Json)?)
+}
+
+/// The request of a review, if the envelope is one this webhook answers.
+fn check_review<O>(review: ReviewIn<O>) -> Result<AdmissionRequest<O>, ReviewError> {
     if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
         return Err(ReviewError::Version {
             api_version: review.api_version,
@@ -181,7 +185,11 @@ impl<'a> AdmissionRequest<PodView<'a>> {
     /// that are, e.g. with a key repeated): [`AdmissionRequest::for_mutation`] then answers them,
     /// exactly as it always has. A body read here gets the answer it would get there.
     pub fn for_mutation_fast(body: &'a [u8]) -> Option<Self> {
-        read_review(body).ok()
+        // One UTF-8 check of the whole body (a vectorised pass) instead of one per string: read
+        // from a `str`, serde_json checks no string's UTF-8 again. A body that is not UTF-8
+        // throughout goes to the other read, which refuses it exactly as before.
+        let text = std::str::from_utf8(body).ok()?;
+        check_review(serde_json::from_str(text).ok()?).ok()
     }
 
     /// [`AdmissionRequest::object_name`] of the view.

@@ -100,8 +100,9 @@ pub fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutat
         warnings.extend(suffixed_gpumem_warning(c, req, &settings.policy));
     }
     for (c, req) in &wanted {
-        resources(c, req, &settings.policy, &mut ops);
-        environment(c, req, &mut ops);
+        let at = c.pointer();
+        resources(c, &at, req, &settings.policy, &mut ops);
+        environment(c, &at, req, &mut ops);
     }
     Ok(Mutation {
         patch: ops.into_patch(),
@@ -237,27 +238,34 @@ fn scheduling(
 }
 
 /// The vGPU resources a request stands for, as resource name -> value.
-fn desired_resources(req: &VgpuRequest, policy: &RequestPolicy) -> Vec<(String, u64)> {
+fn desired_resources<'p>(req: &VgpuRequest, policy: &'p RequestPolicy) -> [(&'p str, u64); 3] {
     let n = &policy.names;
-    let mut out = vec![(n.gpu.clone(), u64::from(req.gpus))];
-    match req.memory {
-        Memory::Mib(m) => out.push((n.gpumem.clone(), m)),
-        Memory::Percent(p) => out.push((n.gpumem_percentage.clone(), u64::from(p))),
-    }
-    out.push((n.gpucores.clone(), u64::from(req.cores)));
-    out
+    let memory = match req.memory {
+        Memory::Mib(m) => (n.gpumem.as_str(), m),
+        Memory::Percent(p) => (n.gpumem_percentage.as_str(), u64::from(p)),
+    };
+    [
+        (n.gpu.as_str(), u64::from(req.gpus)),
+        memory,
+        (n.gpucores.as_str(), u64::from(req.cores)),
+    ]
 }
 
-fn resources(c: &ContainerView<'_>, req: &VgpuRequest, policy: &RequestPolicy, ops: &mut Ops) {
-    let [spec, field, index] = c.pointer();
-    let base = [spec.as_str(), field.as_str(), index.as_str()];
+/// The container's vGPU resources in `limits` and `requests`; `at` is the container's pointer.
+fn resources(
+    c: &ContainerView<'_>,
+    at: &PointerBuf,
+    req: &VgpuRequest,
+    policy: &RequestPolicy,
+    ops: &mut Ops,
+) {
     let desired = desired_resources(req, policy);
     if !c.resources_object {
         let map: Map<String, Value> = desired
             .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
             .collect();
-        let mut path = ptr(base);
+        let mut path = at.clone();
         path.push_back("resources");
         ops.add(path, json!({"limits": map.clone(), "requests": map}));
         return;
@@ -268,19 +276,19 @@ fn resources(c: &ContainerView<'_>, req: &VgpuRequest, policy: &RequestPolicy, o
             let present = current
                 .iter()
                 .flatten()
-                .find(|(k, _)| k.as_str() == name)
+                .find(|(k, _)| k.as_str() == *name)
                 .map(|(_, q)| match q {
                     Quantity::Text(s) => parse_integer(s.as_str()).ok(),
                     Quantity::Number(n) => n.as_u64(),
                 });
             if present != Some(Some(*value)) {
-                missing.insert(name.clone(), Value::String(value.to_string()));
+                missing.insert(name.to_string(), Value::String(value.to_string()));
             }
         }
         if missing.is_empty() {
             continue;
         }
-        let mut path = ptr(base);
+        let mut path = at.clone();
         path.push_back("resources");
         path.push_back(section);
         match current {
@@ -306,9 +314,9 @@ pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
     out
 }
 
-fn environment(c: &ContainerView<'_>, req: &VgpuRequest, ops: &mut Ops) {
-    let [spec, field, index] = c.pointer();
-    let mut base = ptr([spec.as_str(), field.as_str(), index.as_str()]);
+/// The preload library's variables in the container's `env`; `at` is the container's pointer.
+fn environment(c: &ContainerView<'_>, at: &PointerBuf, req: &VgpuRequest, ops: &mut Ops) {
+    let mut base = at.clone();
     base.push_back("env");
     let desired = desired_env(req);
     let entry = |name: &str, value: &str| json!({"name": name, "value": value});

@@ -17,6 +17,7 @@
 //! views (a unit test checks this, and the `admission_mutate` fuzz target checks that the answers
 //! are equal).
 
+use json_patch::jsonptr::{PointerBuf, Token};
 use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Number, Value};
@@ -74,13 +75,13 @@ pub struct ContainerView<'a> {
 }
 
 impl ContainerView<'_> {
-    /// JSON pointer tokens of this container: `["spec", "containers", "0"]`.
-    pub fn pointer(&self) -> [String; 3] {
-        [
-            "spec".to_string(),
-            self.kind.field().to_string(),
-            self.index.to_string(),
-        ]
+    /// JSON pointer of this container: `/spec/containers/0`.
+    pub fn pointer(&self) -> PointerBuf {
+        PointerBuf::from_tokens([
+            Token::new("spec"),
+            Token::new(self.kind.field()),
+            Token::from(self.index),
+        ])
     }
 }
 
@@ -528,7 +529,10 @@ impl<'de> Visitor<'de> for QuantityMap {
         while let Some(entry) = map.next_entry::<Name<'de>, Quantity<'de>>()? {
             out.push(entry);
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        // Maps are mostly written sorted already (the API server serialises them sorted).
+        if !out.is_sorted_by(|a, b| a.0 <= b.0) {
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+        }
         if out.windows(2).any(|w| w[0].0 == w[1].0) {
             return Err(A::Error::custom("repeated resource name"));
         }

@@ -225,15 +225,19 @@ impl Server {
         let stderr = child.stderr.take().context("no stderr")?;
         let (tx, rx) = std::sync::mpsc::channel();
         // Keep draining the log (one line per admission) so the server never blocks on the pipe.
+        // Once the address is known the rest is discarded in bulk: split into lines, it cost this
+        // process (which shares the cores with the server under test) a String per admission.
         std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut reader = BufReader::with_capacity(1 << 16, stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
                 if let Some(addr) = line.split("addr=").nth(1) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr.trim().to_string());
-                    }
+                    let _ = tx.send(addr.trim().to_string());
+                    break;
                 }
+                line.clear();
             }
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
         });
         // From here on the child is owned by `Server`, so any failure below still kills it.
         let mut server = Server {
