@@ -29,7 +29,41 @@ pub struct DcuBackend {
     root: PathBuf,
 }
 
+/// Every card's state when health watching began: what later polls are compared with.
+pub struct HealthBaseline(Vec<Watched>);
+
+impl HealthBaseline {
+    /// Polls every [`POLL`] and sends what changed since the last look, until `tx` is closed.
+    pub fn poll_until_closed(mut self, tx: &UnboundedSender<HealthEvent>) {
+        while !tx.is_closed() {
+            std::thread::sleep(POLL);
+            for w in &mut self.0 {
+                for ev in w.poll() {
+                    let _ = tx.send(ev);
+                }
+            }
+        }
+    }
+}
+
 impl DcuBackend {
+    /// Reads every card's presence and RAS error counts: the state health watching compares
+    /// later polls with (an error counted before this is not a new failure).
+    pub fn health_baseline(&self) -> Result<HealthBaseline, BackendError> {
+        let watched = self
+            .cards()?
+            .into_iter()
+            .map(|(dev, gpu)| Watched {
+                ue: ras_uncorrectable(&dev),
+                present: true,
+                expected_uid: gpu.uuid.strip_prefix("DCU-").unwrap_or("").to_string(),
+                uuid: gpu.uuid,
+                dev,
+            })
+            .collect();
+        Ok(HealthBaseline(watched))
+    }
+
     /// A backend reading `<root>/class/drm`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
@@ -122,31 +156,12 @@ impl DeviceBackend for DcuBackend {
     }
 
     fn watch_health(&self, tx: UnboundedSender<HealthEvent>) {
-        let cards = match self.cards() {
-            Ok(c) => c,
+        match self.health_baseline() {
+            Ok(baseline) => baseline.poll_until_closed(&tx),
             Err(e) => {
                 let _ = tx.send(HealthEvent::EventsLost {
                     reason: e.to_string(),
                 });
-                return;
-            }
-        };
-        let mut watched: Vec<Watched> = cards
-            .into_iter()
-            .map(|(dev, gpu)| Watched {
-                ue: ras_uncorrectable(&dev),
-                present: true,
-                expected_uid: gpu.uuid.strip_prefix("DCU-").unwrap_or("").to_string(),
-                uuid: gpu.uuid,
-                dev,
-            })
-            .collect();
-        while !tx.is_closed() {
-            std::thread::sleep(POLL);
-            for w in &mut watched {
-                for ev in w.poll() {
-                    let _ = tx.send(ev);
-                }
             }
         }
     }
@@ -279,9 +294,22 @@ mod tests {
         std::fs::write(ras.join("features"), "feature mask: 0x3fff\n").unwrap();
         let b = DcuBackend::new(t.path());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let watcher = std::thread::spawn(move || b.watch_health(tx));
+        // The baseline is read before the files change (in a thread of its own it could read the
+        // changed counts as the baseline and never report them).
+        let baseline = b.health_baseline().unwrap();
+        let watcher = std::thread::spawn(move || baseline.poll_until_closed(&tx));
+        // The next event, within a deadline (a missed change fails the test instead of hanging it).
         let next = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<HealthEvent>| {
-            rx.blocking_recv().unwrap()
+            let deadline = std::time::Instant::now() + 20 * POLL;
+            loop {
+                match rx.try_recv() {
+                    Ok(ev) => return ev,
+                    Err(e) if std::time::Instant::now() >= deadline => {
+                        panic!("no health event within {:?}: {e}", 20 * POLL)
+                    }
+                    Err(_) => std::thread::sleep(POLL / 10),
+                }
+            }
         };
         // Correctable errors are not failures; an uncorrectable one is.
         std::fs::write(ras.join("umc_err_count"), "ue: 0\nce: 9\n").unwrap();
