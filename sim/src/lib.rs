@@ -15,6 +15,7 @@ pub mod report;
 pub mod rng;
 pub mod run;
 pub mod trace;
+pub mod waste;
 pub mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

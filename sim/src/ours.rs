@@ -6,8 +6,11 @@
 //! * `S`: CPU-stranded GPU, idle GPU beyond what the node's free CPU can serve at the trace's
 //!   average CPU per GPU of GPU pods. FGD only sees CPU through the *next* pod's fit, so it happily
 //!   fills a node's CPU while its GPUs stay idle;
-//! * `W`: each GPU's expected final waste from its free milli under the trace's single-GPU mix
-//!   (a long-run view of share remainders, where `F` looks one pod ahead).
+//! * `W`: each GPU's expected final waste from its free milli, learned by replaying the trace's
+//!   own GPU pods (see [`crate::waste`]); a long-run view of share remainders, where `F` looks
+//!   one pod ahead. It counts [`WASTE_WEIGHT`] times: the gaps it tells apart (a 210m remainder
+//!   that stays against a 530m one that gets its second 470m pod) are about 100-200m, under one
+//!   score step.
 //!
 //! Score = `round((M_before - M_after) / 300)`: moves whose gradients round to the same 300
 //! milli-GPU step are equal, and kube-scheduler's tie-break (smallest node name) then packs them onto the same
@@ -16,17 +19,19 @@
 
 use std::collections::HashMap;
 
-use vgpu_core::placement::frag::{
-    cpu_stranded, single_gpu_waste, FragTable, NodeView, PodShape, MILLI,
-};
+use vgpu_core::placement::frag::{cpu_stranded, FragTable, NodeView, PodShape, MILLI};
 
 use crate::policy::{GpuPick, NodeState};
+use crate::waste::{learned_waste, ROUNDS};
 use crate::workload::PodClass;
 
 /// Width of a score bucket, milli-GPU of node measure.
 pub const BUCKET_MILLI: f64 = 300.0;
 
-/// `ours` for one trace: typical pods, CPU per GPU and the single-GPU waste table.
+/// Weight of `W` in the node measure (`F` and `S` count once).
+pub const WASTE_WEIGHT: f64 = 4.0;
+
+/// `ours` for one trace: typical pods, CPU per GPU and the learned GPU waste table.
 #[derive(Clone, Debug)]
 pub struct Ours {
     table: FragTable,
@@ -38,25 +43,16 @@ impl Ours {
     /// Build from the trace's typical pods and shape counts.
     pub fn new(table: FragTable, counts: &HashMap<PodShape, u64>) -> Ours {
         let (mut cpu, mut gpu) = (0.0, 0.0);
-        let mut mix: Vec<(u32, f64)> = Vec::new();
         for (s, &n) in counts {
-            if s.num_gpu == 0 {
-                continue;
-            }
-            cpu += s.cpu_milli as f64 * n as f64;
-            gpu += s.total_milli() as f64 * n as f64;
-            if s.num_gpu == 1 {
-                match mix.iter_mut().find(|(m, _)| *m == s.gpu_milli) {
-                    Some(e) => e.1 += n as f64,
-                    None => mix.push((s.gpu_milli, n as f64)),
-                }
+            if s.num_gpu > 0 {
+                cpu += s.cpu_milli as f64 * n as f64;
+                gpu += s.total_milli() as f64 * n as f64;
             }
         }
-        mix.sort_by_key(|e| e.0); // deterministic float sums
         Ours {
             table,
             cpu_per_milli_gpu: if gpu > 0.0 { cpu / gpu } else { 0.0 },
-            waste: single_gpu_waste(&mix),
+            waste: learned_waste(counts, ROUNDS),
         }
     }
 
@@ -67,7 +63,7 @@ impl Ours {
             .iter()
             .map(|&g| self.waste[g.min(MILLI) as usize])
             .sum();
-        self.table.fragmentation(v) + cpu_stranded(v, self.cpu_per_milli_gpu) + w
+        self.table.fragmentation(v) + cpu_stranded(v, self.cpu_per_milli_gpu) + WASTE_WEIGHT * w
     }
 
     fn measure_after(&self, node: &NodeState, c: &PodClass, gpu: Option<usize>) -> f64 {
