@@ -51,6 +51,8 @@ fn main() -> anyhow::Result<()> {
         // partial free milli bucketed by 50 -> milli
         let mut partial: BTreeMap<(u32, &str), f64> = BTreeMap::new();
         let mut alloc = 0.0;
+        // model -> (cpu capacity, cpu of CPU-only pods, cpu of GPU pods, cpu free, gpu free)
+        let mut by_model: BTreeMap<String, [f64; 5]> = BTreeMap::new();
         for &seed in &seeds {
             let arrivals = t.arrivals(cap, 1.3, seed);
             let r = simulate(&cluster, &t, &arrivals, p, seed, 1.3);
@@ -62,6 +64,12 @@ fn main() -> anyhow::Result<()> {
                 }
                 let s = t.classes[c as usize].shape;
                 arrived += s.total_milli();
+                if let Some(i) = pl {
+                    let node = &cluster.nodes[*i as usize];
+                    let model = cluster.models.names()[node.model as usize].clone();
+                    let e = by_model.entry(model).or_default();
+                    e[if s.num_gpu == 0 { 1 } else { 2 }] += s.cpu_milli as f64 / 1000.0 / n;
+                }
                 if pl.is_none() {
                     let e = failed.entry((s.num_gpu, s.gpu_milli)).or_default();
                     e.0 += 1.0 / n;
@@ -69,8 +77,12 @@ fn main() -> anyhow::Result<()> {
                     e.2 += arrived as f64 * 100.0 / cap as f64;
                 }
             }
-            for st in &r.nodes_at_100 {
+            for (st, spec) in r.nodes_at_100.iter().zip(&cluster.nodes) {
                 let model = cluster.models.names()[st.model as usize].clone();
+                let e = by_model.entry(model.clone()).or_default();
+                e[0] += spec.cpu_milli as f64 / 1000.0 / n;
+                e[3] += st.cpu_left as f64 / 1000.0 / n;
+                e[4] += st.gpu_idle() as f64 / n;
                 for &g in st.gpus() {
                     if g == 0 {
                         continue;
@@ -106,6 +118,15 @@ fn main() -> anyhow::Result<()> {
         }
         let tot: f64 = idle.values().sum();
         println!("  total idle milli {tot:.0}");
+        println!(
+            "by model: cores, cores of CPU-only pods, of GPU pods, cores free, milli-GPU free"
+        );
+        for (m, e) in &by_model {
+            println!(
+                "  {m:8} {:8.0} {:8.0} {:8.0} {:8.0} {:8.0}",
+                e[0], e[1], e[2], e[3], e[4]
+            );
+        }
         println!("partial GPUs' free milli by 50m bucket:");
         for ((b, cls), v) in &partial {
             println!("  {b:4}-{:4} {cls:10}: {v:9.0}", b + 49);

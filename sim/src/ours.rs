@@ -8,9 +8,10 @@
 //!   fills a node's CPU while its GPUs stay idle;
 //! * `W`: each GPU's expected final waste from its free milli, learned by replaying the trace's
 //!   own GPU pods (see [`crate::waste`]); a long-run view of share remainders, where `F` looks
-//!   one pod ahead. It counts [`WASTE_WEIGHT`] times: the gaps it tells apart (a 210m remainder
-//!   that stays against a 530m one that gets its second 470m pod) are about 100-200m, under one
-//!   score step.
+//!   one pod ahead. The replay has no CPU, so the part of a gap whose fillers ask more CPU than
+//!   the node has left counts as wasted. `W` counts [`WASTE_WEIGHT`] times: the gaps it tells
+//!   apart (a 210m remainder that stays against a 530m one that gets its second 470m pod) are
+//!   about 100-200m, under one score step.
 //!
 //! Score = `round((M_before - M_after) / 300)`: moves whose gradients round to the same 300
 //! milli-GPU step are equal, and kube-scheduler's tie-break (smallest node name) then packs them onto the same
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use vgpu_core::placement::frag::{cpu_stranded, FragTable, NodeView, PodShape, MILLI};
 
 use crate::policy::{GpuPick, NodeState};
-use crate::waste::{learned_waste, ROUNDS};
+use crate::waste::{learned_waste, Fillers, ROUNDS};
 use crate::workload::PodClass;
 
 /// Width of a score bucket, milli-GPU of node measure.
@@ -37,6 +38,7 @@ pub struct Ours {
     table: FragTable,
     cpu_per_milli_gpu: f64,
     waste: Vec<f64>,
+    fillers: Fillers,
 }
 
 impl Ours {
@@ -53,6 +55,7 @@ impl Ours {
             table,
             cpu_per_milli_gpu: if gpu > 0.0 { cpu / gpu } else { 0.0 },
             waste: learned_waste(counts, ROUNDS),
+            fillers: Fillers::new(counts),
         }
     }
 
@@ -61,9 +64,20 @@ impl Ours {
         let w: f64 = v
             .gpu_left
             .iter()
-            .map(|&g| self.waste[g.min(MILLI) as usize])
+            .map(|&g| self.gpu_waste(g, v.cpu_left))
             .sum();
         self.table.fragmentation(v) + cpu_stranded(v, self.cpu_per_milli_gpu) + WASTE_WEIGHT * w
+    }
+
+    /// One GPU's share of `W`: the learned waste of its gap, plus the rest of the gap in the
+    /// proportion of fillers that need more CPU than `cpu_left`. A free GPU keeps its table
+    /// value (whole-GPU pods' CPU is `F`'s and `S`'s business).
+    fn gpu_waste(&self, free: u32, cpu_left: u64) -> f64 {
+        let v = self.waste[free.min(MILLI) as usize];
+        if free >= MILLI {
+            return v;
+        }
+        v + (f64::from(free) - v) * (1.0 - self.fillers.cpu_fit(free, cpu_left))
     }
 
     fn measure_after(&self, node: &NodeState, c: &PodClass, gpu: Option<usize>) -> f64 {
