@@ -9,13 +9,14 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod dual;
+pub mod fillers;
 pub mod ours;
 pub mod policy;
 pub mod report;
 pub mod rng;
 pub mod run;
 pub mod trace;
-pub mod waste;
 pub mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
