@@ -49,6 +49,27 @@ pub fn gap_prices(counts: &HashMap<PodShape, u64>) -> GapPrices {
     }
 }
 
+/// A lower bound on the GPUs that any packing of these share pods (milli each, 1..=999) needs:
+/// Farley's bound `d·y / z` at the column-generation prices `y`, with `d` the pods per size and
+/// `z` the most one GPU's pattern earns at `y`. It holds for any prices `y >= 0`, so rounding in
+/// the LP cannot make it wrong; at the LP optimum it is the LP bound.
+pub fn share_gpus_lower_bound(shares: &[u32]) -> f64 {
+    let mut by: Vec<(u32, f64)> = Vec::new();
+    for &m in shares.iter().filter(|&&m| m > 0 && m < MILLI) {
+        match by.iter_mut().find(|e| e.0 == m) {
+            Some(e) => e.1 += 1.0,
+            None => by.push((m, 1.0)),
+        }
+    }
+    by.sort_by_key(|e| e.0);
+    let sizes: Vec<u32> = by.iter().map(|e| e.0).collect();
+    let demand: Vec<f64> = by.iter().map(|e| e.1).collect();
+    let y = dual_prices(&sizes, &demand);
+    let (z, _) = knapsack(&sizes, &y, &demand);
+    let dy: f64 = demand.iter().zip(&y).map(|(d, y)| d * y).sum();
+    dy / z.max(1.0)
+}
+
 /// Distinct share sizes ascending, and how many pods ask each.
 fn share_sizes(counts: &HashMap<PodShape, u64>) -> (Vec<u32>, Vec<f64>) {
     let mut by: Vec<(u32, u64)> = Vec::new();
@@ -241,6 +262,15 @@ mod tests {
         let t = gap_prices(&counts(&[(810, 40), (160, 4)])).unusable;
         assert!((t[190] - 190.0).abs() < 1e-6, "{}", t[190]);
         assert!((t[810] - (810.0 - 1000.0)).abs() < 1e-6, "{}", t[810]);
+    }
+
+    #[test]
+    fn lower_bound_on_gpus() {
+        // Three 400m pods need two GPUs (the LP says 1.5); 600m + 400m pairs need one each.
+        assert!((share_gpus_lower_bound(&[400, 400, 400]) - 1.5).abs() < 1e-9);
+        assert!((share_gpus_lower_bound(&[600, 400, 600, 400]) - 2.0).abs() < 1e-9);
+        assert_eq!(share_gpus_lower_bound(&[]), 0.0);
+        assert_eq!(share_gpus_lower_bound(&[1000]), 0.0);
     }
 
     #[test]
