@@ -49,7 +49,11 @@ pub struct Ours {
 
 impl Ours {
     /// Build from the trace's typical pods and shape counts.
-    pub fn new(table: FragTable, counts: &HashMap<PodShape, u64>) -> Ours {
+    pub fn new(
+        table: FragTable,
+        counts: &HashMap<PodShape, u64>,
+        classes: &HashMap<PodClass, u64>,
+    ) -> Ours {
         let (mut cpu, mut gpu) = (0.0, 0.0);
         for (s, &n) in counts {
             if s.num_gpu > 0 {
@@ -61,38 +65,39 @@ impl Ours {
             table,
             cpu_per_milli_gpu: if gpu > 0.0 { cpu / gpu } else { 0.0 },
             gaps: gap_prices(counts),
-            fillers: Fillers::new(counts),
+            fillers: Fillers::new(classes),
         }
     }
 
     /// The node measure `M`.
-    pub fn measure(&self, v: NodeView<'_>) -> f64 {
+    pub fn measure(&self, v: NodeView<'_>, mem_left: u64) -> f64 {
         let w: f64 = v
             .gpu_left
             .iter()
-            .map(|&g| self.gpu_waste(g, v.cpu_left))
+            .map(|&g| self.gpu_waste(g, v.cpu_left, mem_left))
             .sum();
         self.table.fragmentation(v) + cpu_stranded(v, self.cpu_per_milli_gpu) + WASTE_WEIGHT * w
     }
 
     /// One GPU's share of `W`: the unusable part of its gap at the dual prices, plus the rest of
-    /// the gap in the proportion of fillers that need more CPU than `cpu_left`. A free GPU keeps
+    /// the gap in the proportion of fillers that need more CPU or memory than is left. A free GPU keeps
     /// its table value (whole-GPU pods' CPU is `F`'s and `S`'s business).
-    fn gpu_waste(&self, free: u32, cpu_left: u64) -> f64 {
+    fn gpu_waste(&self, free: u32, cpu_left: u64, mem_left: u64) -> f64 {
         let v = self.gaps.unusable[free.min(MILLI) as usize];
         if free >= MILLI {
             return v;
         }
-        v + (f64::from(free) - v) * (1.0 - self.fillers.cpu_fit(free, cpu_left))
+        v + (f64::from(free) - v) * (1.0 - self.fillers.fit(free, cpu_left, mem_left))
     }
 
     fn measure_after(&self, node: &NodeState, c: &PodClass, gpu: Option<usize>) -> f64 {
         let (g, cpu) = node.after(c, gpu);
-        self.measure(NodeView {
+        let view = NodeView {
             cpu_left: cpu,
             gpu_left: &g[..node.ngpu],
             model: node.model,
-        })
+        };
+        self.measure(view, node.mem_left.saturating_sub(c.memory_mib))
     }
 
     /// Score of a feasible node (`node.frag` holds its current measure).
