@@ -1,8 +1,8 @@
 //! Where a policy loses GPU at 100 % arrival: the pods that failed by then (by shape), and the
 //! idle milli-GPU left on the nodes (whole or partial GPUs, by model and by the node's free CPU).
 //!
-//! `cargo run --release -p vgpu-sim --example diagnose -- <trace dir> [pod list] [seeds] [policies]`
-//! (defaults: `default`, `42-51`, `fgd,ours`). Numbers are means over seeds.
+//! `cargo run --release -p vgpu-sim --example diagnose -- <trace dir> [pod list] [seeds]
+//! [policies]` (defaults: `default`, `42-51`, `fgd,ours`). Numbers are means over seeds.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

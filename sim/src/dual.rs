@@ -101,7 +101,11 @@ fn dual_prices(sizes: &[u32], demand: &[f64]) -> Vec<f64> {
         })
         .collect();
     loop {
-        let y = simplex_max(&patterns, demand);
+        // Basic variables come out of the tableau as tiny negatives at worst; prices are >= 0.
+        let y: Vec<f64> = simplex_max(&patterns, demand)
+            .into_iter()
+            .map(|v| v.max(0.0))
+            .collect();
         let (value, best) = knapsack(sizes, &y, demand);
         if value <= 1.0 + EPS || patterns.len() >= MAX_PATTERNS {
             return y;

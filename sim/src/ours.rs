@@ -38,7 +38,7 @@ pub const BUCKET_MILLI: f64 = 300.0;
 /// Weight of `W` in the node measure (`F` and `S` count once).
 pub const WASTE_WEIGHT: f64 = 8.0;
 
-/// `ours` for one trace: typical pods, CPU per GPU, the gap table of `W` and the fillers' CPU.
+/// `ours` for one trace: typical pods, CPU per GPU, the gap prices of `W` and the fillers.
 #[derive(Clone, Debug)]
 pub struct Ours {
     table: FragTable,
@@ -48,7 +48,7 @@ pub struct Ours {
 }
 
 impl Ours {
-    /// Build from the trace's typical pods and shape counts.
+    /// Build from the trace's typical pods, shape counts and class counts (with memory).
     pub fn new(
         table: FragTable,
         counts: &HashMap<PodShape, u64>,
@@ -80,8 +80,8 @@ impl Ours {
     }
 
     /// One GPU's share of `W`: the unusable part of its gap at the dual prices, plus the rest of
-    /// the gap in the proportion of fillers that need more CPU or memory than is left. A free GPU keeps
-    /// its table value (whole-GPU pods' CPU is `F`'s and `S`'s business).
+    /// the gap in the proportion of fillers that need more CPU or memory than is left. A free GPU
+    /// keeps its table value (whole-GPU pods' CPU is `F`'s and `S`'s business).
     fn gpu_waste(&self, free: u32, cpu_left: u64, mem_left: u64) -> f64 {
         let v = self.gaps.unusable[free.min(MILLI) as usize];
         if free >= MILLI {
