@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod dual;
+pub mod fillers;
 pub mod ours;
 pub mod policy;
 pub mod report;

@@ -33,8 +33,9 @@ pub enum Policy {
     GpuClustering,
     /// Fragmentation gradient descent (ATC'23), as published.
     Fgd,
-    /// vgpu's policy: FGD gradient on fragmentation + CPU-stranded GPU + expected GPU waste,
-    /// bucketed so near-equal moves pack by node order (see [`crate::ours`]).
+    /// vgpu's policy: FGD gradient on fragmentation + CPU-stranded GPU + the unusable part of
+    /// each GPU's gap at LP prices of the trace's share sizes, bucketed so near-equal moves pack
+    /// by node order (see [`crate::ours`]).
     Ours,
 }
 

@@ -77,7 +77,7 @@ pub fn simulate_with(
     let table = &trace.table;
     let frag_of = |st: &NodeState| {
         if policy == Policy::Ours {
-            trace.ours.measure(st.view())
+            trace.ours.measure(st.view(), st.mem_left)
         } else {
             table.fragmentation(st.view())
         }

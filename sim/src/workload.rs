@@ -98,6 +98,7 @@ impl Trace {
         let mut classes = Vec::new();
         let mut pods = Vec::with_capacity(rows.len());
         let mut shape_counts: HashMap<PodShape, u64> = HashMap::new();
+        let mut class_counts: HashMap<PodClass, u64> = HashMap::new();
         for r in rows {
             let models = if r.num_gpu == 0 {
                 ModelMask::ANY
@@ -114,6 +115,7 @@ impl Trace {
                 memory_mib: r.memory_mib,
             };
             *shape_counts.entry(class.shape).or_default() += 1;
+            *class_counts.entry(class).or_default() += 1;
             let id = *index.entry(class).or_insert_with(|| {
                 classes.push(class);
                 classes.len() as u32 - 1
@@ -125,7 +127,7 @@ impl Trace {
             TYPICAL_POPULARITY_PCT,
         );
         let table = FragTable::new(&typical);
-        let ours = crate::ours::Ours::new(table.clone(), &shape_counts);
+        let ours = crate::ours::Ours::new(table.clone(), &shape_counts, &class_counts);
         Ok(Trace {
             name: name.to_string(),
             classes,

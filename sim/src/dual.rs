@@ -1,0 +1,286 @@
+//! LP dual prices of share sizes (Gilmore-Gomory bin-packing LP), the basis of `ours`' `W`.
+//!
+//! The LP packs the trace's share pods (one GPU, under 1000m) into the fewest GPUs, patterns
+//! being any multiset of sizes that fits one GPU. Its dual gives each size a price `y(s)`, in
+//! GPUs, with every pattern worth at most one GPU; `K(r)`, the most a gap of `r` milli can
+//! still earn at those prices, values a partial GPU. Putting a pod of size `s` into a gap `h`
+//! loses `K(h) - K(h - s) - y(s) >= 0`; moves that lose nothing follow an optimal packing (a
+//! 470m pod into a lone 470m's 530m gap, a 160m pod into an 810m's 190m hole), the others cost
+//! what the gap can no longer earn (a 320m pod into that 530m gap: 0.5 - 0 - 0.33 of a GPU).
+
+use std::collections::HashMap;
+
+use vgpu_core::placement::frag::{PodShape, MILLI};
+
+/// Column generation stops after this many patterns (it needs about 30 on the Alibaba traces).
+const MAX_PATTERNS: usize = 400;
+/// Tolerance of the simplex and of "a pattern worth more than one GPU".
+const EPS: f64 = 1e-9;
+
+/// The gap table and the prices of one trace, in milli-GPU.
+#[derive(Clone, Debug, Default)]
+pub struct GapPrices {
+    /// `unusable[r]` for `r` in `0..=1000`: `r - 1000 K(r)`, the milli of a gap the prices say
+    /// will not be used (0 for a free GPU, `r` for a gap no share fits; negative where a gap is
+    /// worth more than its size, as an 810m pod's is). Putting a pod of `m` milli and price `p`
+    /// into a gap `h` changes it by `p - m + loss`, the loss `1000 (K(h) - K(h - m)) - p >= 0`.
+    pub unusable: Vec<f64>,
+    /// `price[m]`: `1000 y(m)` for a share size of the trace, 0 for other sizes.
+    pub price: Vec<f64>,
+}
+
+/// Solve the LP of the trace's share pods (`counts`; other pods are ignored) and tabulate.
+pub fn gap_prices(counts: &HashMap<PodShape, u64>) -> GapPrices {
+    let (sizes, demand) = share_sizes(counts);
+    let prices = dual_prices(&sizes, &demand);
+    let k = gap_values(&sizes, &prices);
+    let full = f64::from(MILLI);
+    let mut price = vec![0.0; MILLI as usize + 1];
+    for (&s, &y) in sizes.iter().zip(&prices) {
+        price[s as usize] = full * y;
+    }
+    GapPrices {
+        unusable: k
+            .iter()
+            .enumerate()
+            .map(|(r, v)| r as f64 - full * v)
+            .collect(),
+        price,
+    }
+}
+
+/// A lower bound on the GPUs that any packing of these share pods (milli each, 1..=999) needs:
+/// Farley's bound `d·y / z` at the column-generation prices `y`, with `d` the pods per size and
+/// `z` the most one GPU's pattern earns at `y`. It holds for any prices `y >= 0`, so rounding in
+/// the LP cannot make it wrong; at the LP optimum it is the LP bound.
+pub fn share_gpus_lower_bound(shares: &[u32]) -> f64 {
+    let mut by: Vec<(u32, f64)> = Vec::new();
+    for &m in shares.iter().filter(|&&m| m > 0 && m < MILLI) {
+        match by.iter_mut().find(|e| e.0 == m) {
+            Some(e) => e.1 += 1.0,
+            None => by.push((m, 1.0)),
+        }
+    }
+    by.sort_by_key(|e| e.0);
+    let sizes: Vec<u32> = by.iter().map(|e| e.0).collect();
+    let demand: Vec<f64> = by.iter().map(|e| e.1).collect();
+    let y = dual_prices(&sizes, &demand);
+    let (z, _) = knapsack(&sizes, &y, &demand);
+    let dy: f64 = demand.iter().zip(&y).map(|(d, y)| d * y).sum();
+    dy / z.max(1.0)
+}
+
+/// Distinct share sizes ascending, and how many pods ask each.
+fn share_sizes(counts: &HashMap<PodShape, u64>) -> (Vec<u32>, Vec<f64>) {
+    let mut by: Vec<(u32, u64)> = Vec::new();
+    for (s, &n) in counts
+        .iter()
+        .filter(|(s, _)| s.is_share() && s.gpu_milli > 0)
+    {
+        match by.iter_mut().find(|e| e.0 == s.gpu_milli) {
+            Some(e) => e.1 += n,
+            None => by.push((s.gpu_milli, n)),
+        }
+    }
+    by.sort_unstable();
+    (
+        by.iter().map(|e| e.0).collect(),
+        by.iter().map(|e| e.1 as f64).collect(),
+    )
+}
+
+/// Dual prices by column generation: solve the dual over the patterns known so far, add the
+/// pattern the prices undervalue most (a bounded knapsack), until none is worth over one GPU.
+fn dual_prices(sizes: &[u32], demand: &[f64]) -> Vec<f64> {
+    // Start with one pattern per size: as many copies as fit (and exist).
+    let mut patterns: Vec<Vec<f64>> = (0..sizes.len())
+        .map(|i| {
+            let mut p = vec![0.0; sizes.len()];
+            p[i] = (f64::from(MILLI / sizes[i])).min(demand[i]);
+            p
+        })
+        .collect();
+    loop {
+        // Basic variables come out of the tableau as tiny negatives at worst; prices are >= 0.
+        let y: Vec<f64> = simplex_max(&patterns, demand)
+            .into_iter()
+            .map(|v| v.max(0.0))
+            .collect();
+        let (value, best) = knapsack(sizes, &y, demand);
+        if value <= 1.0 + EPS || patterns.len() >= MAX_PATTERNS {
+            return y;
+        }
+        patterns.push(best);
+    }
+}
+
+/// max `c·y` subject to `p·y <= 1` for every row `p`, `y >= 0` (dense tableau, Bland's rule).
+fn simplex_max(rows: &[Vec<f64>], c: &[f64]) -> Vec<f64> {
+    let (m, n) = (rows.len(), c.len());
+    let width = n + m + 1;
+    let mut t: Vec<Vec<f64>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = p.clone();
+            r.resize(width, 0.0);
+            r[n + i] = 1.0;
+            r[width - 1] = 1.0;
+            r
+        })
+        .collect();
+    let mut z: Vec<f64> = c.iter().map(|v| -v).collect();
+    z.resize(width, 0.0);
+    let mut basis: Vec<usize> = (n..n + m).collect();
+    while let Some(e) = (0..n + m).find(|&j| z[j] < -EPS) {
+        // Ratio test, ties to the lowest basic variable (Bland).
+        let mut leave: Option<(f64, usize)> = None;
+        for (i, row) in t.iter().enumerate() {
+            if row[e] > EPS {
+                let ratio = row[width - 1] / row[e];
+                let better = leave.is_none_or(|(r, l)| {
+                    ratio < r - EPS || (ratio <= r + EPS && basis[i] < basis[l])
+                });
+                if better {
+                    leave = Some((ratio, i));
+                }
+            }
+        }
+        let Some((_, l)) = leave else {
+            break; // unbounded: cannot happen, every size is in a pattern
+        };
+        pivot(&mut t, &mut z, l, e);
+        basis[l] = e;
+    }
+    let mut y = vec![0.0; n];
+    for (i, &b) in basis.iter().enumerate() {
+        if b < n {
+            y[b] = t[i][width - 1];
+        }
+    }
+    y
+}
+
+fn pivot(t: &mut [Vec<f64>], z: &mut [f64], l: usize, e: usize) {
+    let p = t[l][e];
+    t[l].iter_mut().for_each(|v| *v /= p);
+    let lead = t[l].clone();
+    for (i, row) in t.iter_mut().enumerate() {
+        let f = row[e];
+        if i != l && f != 0.0 {
+            row.iter_mut().zip(&lead).for_each(|(v, w)| *v -= f * w);
+        }
+    }
+    let f = z[e];
+    z.iter_mut().zip(&lead).for_each(|(v, w)| *v -= f * w);
+}
+
+/// The most valuable pattern at `prices` (at most `demand[i]` copies of size `i`): value and
+/// copies per size.
+fn knapsack(sizes: &[u32], prices: &[f64], demand: &[f64]) -> (f64, Vec<f64>) {
+    let cap = MILLI as usize;
+    // best[w] = (value, copies) of the best pattern found using exactly w milli.
+    let mut best: Vec<Option<(f64, Vec<f64>)>> = vec![None; cap + 1];
+    best[0] = Some((0.0, vec![0.0; sizes.len()]));
+    for (i, (&s, &y)) in sizes.iter().zip(prices).enumerate() {
+        let s = s as usize;
+        let most = (cap / s).min(demand[i] as usize);
+        let before = best.clone();
+        for (w, entry) in before.iter().enumerate() {
+            let Some((v, copies)) = entry else { continue };
+            for q in 1..=most {
+                let w2 = w + q * s;
+                if w2 > cap {
+                    break;
+                }
+                let v2 = v + q as f64 * y;
+                if best[w2].as_ref().is_none_or(|b| b.0 < v2 - EPS) {
+                    let mut c = copies.clone();
+                    c[i] = q as f64;
+                    best[w2] = Some((v2, c));
+                }
+            }
+        }
+    }
+    best.into_iter()
+        .flatten()
+        .fold((0.0, vec![0.0; sizes.len()]), |a, b| {
+            if b.0 > a.0 + EPS {
+                b
+            } else {
+                a
+            }
+        })
+}
+
+/// `K(r)` for `r` in `0..=1000`: the most a gap of `r` milli earns at `prices` (any copies).
+fn gap_values(sizes: &[u32], prices: &[f64]) -> Vec<f64> {
+    let mut k = vec![0.0; MILLI as usize + 1];
+    for r in 1..k.len() {
+        k[r] = k[r - 1];
+        for (&s, &y) in sizes.iter().zip(prices) {
+            if s as usize <= r {
+                k[r] = f64::max(k[r], k[r - s as usize] + y);
+            }
+        }
+    }
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_core::placement::frag::ModelMask;
+
+    fn counts(list: &[(u32, u64)]) -> HashMap<PodShape, u64> {
+        list.iter()
+            .map(|&(milli, n)| {
+                let s = PodShape {
+                    cpu_milli: 1000,
+                    gpu_milli: milli,
+                    num_gpu: 1,
+                    models: ModelMask::ANY,
+                };
+                (s, n)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn halves_and_thirds() {
+        // 500m pods pair: each is worth half a GPU; a 500m gap is fully usable.
+        let g = gap_prices(&counts(&[(500, 10)]));
+        assert!((g.price[500] - 500.0).abs() < 1e-6);
+        let t = g.unusable;
+        assert!((t[500] - 0.0).abs() < 1e-6, "{}", t[500]);
+        assert!((t[499] - 499.0).abs() < 1e-6);
+        assert!(t[1000].abs() < 1e-6);
+        let t = gap_prices(&counts(&[(330, 9)])).unusable;
+        assert!((t[670] - (670.0 - 666.666_666)).abs() < 1e-3, "{}", t[670]);
+    }
+
+    #[test]
+    fn holes_without_fillers() {
+        // 810m pods and a few 160m: the 160m fill holes, worth nothing more; a 190m hole is
+        // worth nothing, so it counts fully; the 810m pod earns a whole GPU.
+        let t = gap_prices(&counts(&[(810, 40), (160, 4)])).unusable;
+        assert!((t[190] - 190.0).abs() < 1e-6, "{}", t[190]);
+        assert!((t[810] - (810.0 - 1000.0)).abs() < 1e-6, "{}", t[810]);
+    }
+
+    #[test]
+    fn lower_bound_on_gpus() {
+        // Three 400m pods need two GPUs (the LP says 1.5); 600m + 400m pairs need one each.
+        assert!((share_gpus_lower_bound(&[400, 400, 400]) - 1.5).abs() < 1e-9);
+        assert!((share_gpus_lower_bound(&[600, 400, 600, 400]) - 2.0).abs() < 1e-9);
+        assert_eq!(share_gpus_lower_bound(&[]), 0.0);
+        assert_eq!(share_gpus_lower_bound(&[1000]), 0.0);
+    }
+
+    #[test]
+    fn knapsack_respects_demand() {
+        let (v, c) = knapsack(&[300], &[0.4], &[2.0]);
+        assert!((v - 0.8).abs() < 1e-9);
+        assert_eq!(c, vec![2.0]);
+    }
+}
