@@ -12,8 +12,14 @@ use std::collections::HashMap;
 
 use vgpu_core::placement::frag::{PodShape, MILLI};
 
-/// Column generation stops after this many patterns (it needs about 30 on the Alibaba traces).
+/// Column generation stops after adding this many patterns (it adds about 30 on the Alibaba
+/// traces).
 const MAX_PATTERNS: usize = 400;
+/// The LP is solved over at most this many distinct share sizes; a pod list with more (the
+/// Alibaba traces have at most 20) has its sizes rounded down onto a coarser grid first
+/// ([`coarsen`]): the LP's cost grows steeply with the number of sizes (100 distinct sizes took
+/// seconds, 150 minutes), and a pod list given by path is outside input.
+const MAX_SIZES: usize = 40;
 /// Tolerance of the simplex and of "a pattern worth more than one GPU".
 const EPS: f64 = 1e-9;
 
@@ -32,12 +38,16 @@ pub struct GapPrices {
 /// Solve the LP of the trace's share pods (`counts`; other pods are ignored) and tabulate.
 pub fn gap_prices(counts: &HashMap<PodShape, u64>) -> GapPrices {
     let (sizes, demand) = share_sizes(counts);
-    let prices = dual_prices(&sizes, &demand);
-    let k = gap_values(&sizes, &prices);
+    let (step, grid, grid_demand) = coarsen(&sizes, &demand);
+    let prices = dual_prices(&grid, &grid_demand);
+    let k = gap_values(&grid, &prices);
     let full = f64::from(MILLI);
     let mut price = vec![0.0; MILLI as usize + 1];
-    for (&s, &y) in sizes.iter().zip(&prices) {
-        price[s as usize] = full * y;
+    // Each size is priced as its grid size (the same size when the grid is not coarsened).
+    for &s in &sizes {
+        if let Ok(i) = grid.binary_search(&(s - s % step)) {
+            price[s as usize] = full * prices[i];
+        }
     }
     GapPrices {
         unusable: k
@@ -64,10 +74,46 @@ pub fn share_gpus_lower_bound(shares: &[u32]) -> f64 {
     by.sort_by_key(|e| e.0);
     let sizes: Vec<u32> = by.iter().map(|e| e.0).collect();
     let demand: Vec<f64> = by.iter().map(|e| e.1).collect();
+    // Rounding sizes down can only lower the GPUs a packing needs, so the bound stays a bound.
+    let (_, sizes, demand) = coarsen(&sizes, &demand);
     let y = dual_prices(&sizes, &demand);
     let (z, _) = knapsack(&sizes, &y, &demand);
     let dy: f64 = demand.iter().zip(&y).map(|(d, y)| d * y).sum();
-    dy / z.max(1.0)
+    // Prices from a column generation cut short are still a bound, but can be a weak one: never
+    // below the plain size sum.
+    let size_sum: f64 = shares
+        .iter()
+        .filter(|&&m| m > 0 && m < MILLI)
+        .map(|&m| f64::from(m))
+        .sum::<f64>()
+        / f64::from(MILLI);
+    (dy / z.max(1.0)).max(size_sum)
+}
+
+/// Sizes (ascending, with their demand) on a grid of `step` milli, rounded down, the smallest
+/// step (1, 5, 10, 20, ...) that leaves at most [`MAX_SIZES`] sizes; a size rounded to 0 fits
+/// anywhere and is dropped. Returns the step and the grid sizes with their summed demand.
+fn coarsen(sizes: &[u32], demand: &[f64]) -> (u32, Vec<u32>, Vec<f64>) {
+    let mut step = 1;
+    loop {
+        let mut grid: Vec<(u32, f64)> = Vec::new();
+        for (&s, &d) in sizes.iter().zip(demand) {
+            let g = s - s % step;
+            match grid.last_mut() {
+                _ if g == 0 => {}
+                Some(last) if last.0 == g => last.1 += d,
+                _ => grid.push((g, d)),
+            }
+        }
+        if grid.len() <= MAX_SIZES {
+            return (
+                step,
+                grid.iter().map(|e| e.0).collect(),
+                grid.iter().map(|e| e.1).collect(),
+            );
+        }
+        step = if step == 1 { 5 } else { step * 2 };
+    }
 }
 
 /// Distinct share sizes ascending, and how many pods ask each.
@@ -107,7 +153,7 @@ fn dual_prices(sizes: &[u32], demand: &[f64]) -> Vec<f64> {
             .map(|v| v.max(0.0))
             .collect();
         let (value, best) = knapsack(sizes, &y, demand);
-        if value <= 1.0 + EPS || patterns.len() >= MAX_PATTERNS {
+        if value <= 1.0 + EPS || patterns.len() - sizes.len() >= MAX_PATTERNS {
             return y;
         }
         patterns.push(best);
@@ -275,6 +321,34 @@ mod tests {
         assert!((share_gpus_lower_bound(&[600, 400, 600, 400]) - 2.0).abs() < 1e-9);
         assert_eq!(share_gpus_lower_bound(&[]), 0.0);
         assert_eq!(share_gpus_lower_bound(&[1000]), 0.0);
+    }
+
+    #[test]
+    fn many_distinct_sizes_are_solved_on_a_coarser_grid() {
+        // 300 distinct sizes (a pod list given by path can have any): solved over at most
+        // MAX_SIZES grid sizes, so quickly; the bound is at least the size sum and at most one
+        // GPU per pod, and every size gets the price of its grid size.
+        let shares: Vec<u32> = (300..600).collect();
+        let sum = shares.iter().map(|&m| f64::from(m)).sum::<f64>() / 1000.0;
+        let bound = share_gpus_lower_bound(&shares);
+        assert!(
+            bound >= sum - 1e-9 && bound <= 300.0,
+            "{bound} vs size sum {sum}"
+        );
+        let g = gap_prices(&counts(&shares.iter().map(|&m| (m, 1)).collect::<Vec<_>>()));
+        assert!((300..600).all(|m| g.price[m] > 0.0));
+        assert_eq!(g.price[299], 0.0);
+        let (step, grid, demand) = coarsen(&[3, 7, 12, 999], &[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(
+            (step, grid, demand),
+            (1, vec![3, 7, 12, 999], vec![1.0, 2.0, 3.0, 4.0])
+        );
+        let sizes: Vec<u32> = (1..=999).collect();
+        let (step, grid, demand) = coarsen(&sizes, &vec![1.0; 999]);
+        assert!(grid.len() <= MAX_SIZES && step > 1);
+        assert!(grid.iter().all(|g| g % step == 0 && *g > 0));
+        // Sizes under the step round to 0 and are dropped; the rest keep their demand.
+        assert_eq!(demand.iter().sum::<f64>(), f64::from(999 - (step - 1)));
     }
 
     #[test]
