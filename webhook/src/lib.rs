@@ -9,6 +9,8 @@
 pub mod admission;
 pub mod cli;
 pub mod config;
+#[cfg(test)]
+mod generated_reviews;
 pub mod logbuf;
 pub mod metrics;
 pub mod mutate;

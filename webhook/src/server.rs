@@ -297,7 +297,9 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
+    use base64::Engine as _;
     use http_body_util::BodyExt;
+    use serde_json::Value;
     use tower::ServiceExt;
 
     fn router() -> Router {
@@ -322,6 +324,63 @@ mod tests {
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
             "namespace": "ns", "object": object}}).to_string()
+    }
+
+    /// The fast read on generated reviews (`generated_reviews`): it takes no body the whole
+    /// read refuses, and answers every body it takes as the whole read does. Each patched pod is
+    /// sent again, once as patched (an empty patch) and once slightly edited (in-place fixes).
+    #[test]
+    fn the_fast_read_answers_generated_reviews_as_the_whole_read() {
+        let settings = MutateSettings {
+            runtime_class: Some("vgpu".into()),
+            ..MutateSettings::default()
+        };
+        let whole = |body: &str| match AdmissionRequest::from_review_bytes(body.as_bytes()) {
+            Ok(req) => {
+                let (resp, label) = decide_mutation(&req, &settings);
+                let review = serde_json::to_string(&resp.into_review()).unwrap();
+                Ok((review, label, req.object_name().to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let mut labels = std::collections::BTreeMap::new();
+        let mut check = |body: &str| {
+            let expected = whole(body);
+            if let Some(req) = AdmissionRequest::<PodView<'_>>::for_mutation_fast(body.as_bytes()) {
+                let (resp, label) = decide_mutation_view(&req, &settings);
+                let review = serde_json::to_string(&resp.into_review()).unwrap();
+                *labels.entry(label).or_insert(0) += 1;
+                let fast = Ok((review, label, req.object_name().to_string()));
+                assert_eq!(fast, expected, "{body}");
+            }
+            expected
+        };
+        let mut g = crate::generated_reviews::Gen::new(0x9E37_79B9_7F4A_7C15);
+        for _ in 0..3000 {
+            let pod = g.pod();
+            let body = g.review(&pod);
+            let Ok((review, _, _)) = check(&body) else {
+                continue;
+            };
+            let answer: Value = serde_json::from_str(&review).unwrap();
+            let Some(patch) = answer["response"]["patch"].as_str() else {
+                continue;
+            };
+            let patch = base64::engine::general_purpose::STANDARD
+                .decode(patch)
+                .unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+            let mut patched: Value = serde_json::from_str(&pod).unwrap();
+            json_patch::patch(&mut patched, &patch).unwrap();
+            let again = patched.to_string();
+            let _ = check(&g.review(&again));
+            let edited = again.replacen("\"0\"", "\"1\"", 1).replacen("m\"", "\"", 1);
+            let _ = check(&g.review(&edited));
+        }
+        // The fast read took many bodies, of every outcome the mutation has.
+        for label in ["no-vgpu", "patched", "unchanged", "invalid", "skipped"] {
+            assert!(labels.get(label).is_some_and(|&n| n >= 10), "{labels:?}");
+        }
     }
 
     #[tokio::test]
