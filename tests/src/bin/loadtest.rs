@@ -8,6 +8,8 @@
 //! # p99 of real requests beside 1000 idle connections (issue 9), baseline: none idle
 //! target/release/vgpu-loadtest --connections 4 --seconds 10 --idle-connections 1000
 //! target/release/vgpu-loadtest --rounds 3 --webhook old/vgpu-webhook --webhook target/release/vgpu-webhook
+//! # latency at a fixed 20k requests/s in all (open loop), below saturation
+//! target/release/vgpu-loadtest --rate 20000 --seconds 10
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
@@ -62,6 +64,13 @@ struct Args {
     /// connections held open beside the load (the baseline is the first run, same process).
     #[arg(long, default_value_t = 0)]
     idle_connections: usize,
+    /// Open-loop mode: send this many requests per second in all (spread evenly over the
+    /// connections) instead of each connection sending back to back. Latency is then counted
+    /// from when each request was due, not when it was sent, so a stalled server is not hidden
+    /// by the client waiting for it (coordinated omission). Below the server's capacity this
+    /// measures the latency of a loaded but not saturated server.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Internal: run the baseline hello server with these PEM files.
     #[arg(long, hide = true, num_args = 2, value_names = ["CERT", "KEY"])]
     serve_hello: Option<Vec<PathBuf>>,
@@ -312,11 +321,21 @@ async fn load(
         tokio::time::sleep_until(end.into()).await;
         (before, both())
     });
+    // In open-loop mode each connection sends every `connections / rate` seconds, the
+    // connections' schedules staggered evenly across one interval.
+    let interval = args
+        .rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(args.connections as f64 / r));
     let mut tasks = Vec::new();
-    for _ in 0..args.connections {
+    for i in 0..args.connections {
         let (tls, body) = (tls.clone(), body.clone());
+        let pace = interval.map(|every| Pace {
+            first: start + every.mul_f64(i as f64 / args.connections as f64),
+            every,
+        });
         tasks.push(tokio::spawn(async move {
-            connection(addr, tls, path, body, measure_from, end).await
+            connection(addr, tls, path, body, measure_from, end, pace).await
         }));
     }
     let mut latencies = Vec::new();
@@ -350,7 +369,15 @@ async fn load(
     })
 }
 
-/// One keep-alive connection sending requests back to back; latencies in microseconds.
+/// When an open-loop connection's requests are due: `first`, then every `every`.
+#[derive(Clone, Copy)]
+struct Pace {
+    first: Instant,
+    every: Duration,
+}
+
+/// One keep-alive connection sending requests back to back, or when due under `pace`;
+/// latencies in microseconds (from the due time under `pace`).
 async fn connection(
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
@@ -358,6 +385,7 @@ async fn connection(
     body: Bytes,
     measure_from: Instant,
     end: Instant,
+    pace: Option<Pace>,
 ) -> (Vec<u32>, usize) {
     let mut lat = Vec::with_capacity(100_000);
     let mut errors = 0;
@@ -379,10 +407,26 @@ async fn connection(
     let Ok(mut sender) = connect.await else {
         return (lat, 1);
     };
+    let mut due = pace.map(|p| p.first);
     loop {
-        let t0 = Instant::now();
+        // Open loop: a request that is already due when the previous answer arrives goes at
+        // once and its latency counts from when it was due (the server held it up); otherwise
+        // the connection sleeps until it is due and counts from when it woke, since tokio's
+        // timer wakes up to a millisecond late and that is the client's delay, not the server's.
+        let t0 = match due {
+            Some(at) if at >= end => break,
+            Some(at) if Instant::now() >= at => at,
+            Some(at) => {
+                tokio::time::sleep_until(at.into()).await;
+                Instant::now()
+            }
+            None => Instant::now(),
+        };
         if t0 >= end {
             break;
+        }
+        if let (Some(at), Some(p)) = (due.as_mut(), pace) {
+            *at += p.every;
         }
         let req = Request::post(path)
             .header("host", "localhost")
