@@ -29,18 +29,6 @@ pub struct PodContainer<'a> {
     pub json: &'a Value,
 }
 
-impl PodContainer<'_> {
-    /// JSON pointer tokens of this container: `["spec", "containers", "0"]`.
-    pub fn pointer(&self) -> [String; 3] {
-        let kind = self.resources.kind.unwrap_or(ContainerKind::App);
-        [
-            "spec".to_string(),
-            kind.field().to_string(),
-            self.index.to_string(),
-        ]
-    }
-}
-
 const KINDS: [ContainerKind; 3] = [
     ContainerKind::Init,
     ContainerKind::App,
@@ -153,8 +141,14 @@ mod tests {
                 ("nvidia.com/gpu".into(), "1".into())
             ]
         );
-        assert_eq!(cs[1].pointer(), ["spec", "containers", "0"]);
-        assert_eq!(cs[0].pointer(), ["spec", "initContainers", "0"]);
+        assert_eq!(
+            (cs[1].resources.kind, cs[1].index),
+            (Some(ContainerKind::App), 0)
+        );
+        assert_eq!(
+            (cs[0].resources.kind, cs[0].index),
+            (Some(ContainerKind::Init), 0)
+        );
     }
 
     #[test]

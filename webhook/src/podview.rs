@@ -638,6 +638,21 @@ mod tests {
             json!({"metadata": {"name": ""}}),
             json!({}),
         ];
+        let first = PodView::from_value(&pods[0]).unwrap();
+        let at: Vec<String> = first
+            .containers
+            .iter()
+            .map(|c| c.pointer().to_string())
+            .collect();
+        assert_eq!(
+            at,
+            [
+                "/spec/initContainers/0",
+                "/spec/containers/0",
+                "/spec/containers/1",
+                "/spec/ephemeralContainers/0"
+            ]
+        );
         for pod in &pods {
             let body = pod.to_string();
             assert_eq!(
@@ -652,6 +667,10 @@ mod tests {
         let view = fast(body).unwrap();
         assert_eq!(view, PodView::from_value(&whole).unwrap());
         assert_eq!(view.name(), Some("p\"q"));
+        assert_eq!(
+            view.containers[0].pointer().to_string(),
+            "/spec/containers/0"
+        );
         assert_eq!(
             view.containers[0].resources.limits,
             [("nvidia.com/gpu".to_string(), "1".to_string())]
