@@ -20,7 +20,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use vgpu_sim::dual::share_gpus_lower_bound;
+use vgpu_core::placement::gaps::share_gpus_lower_bound;
 use vgpu_sim::{parse_seeds, trace, Cluster, Trace};
 
 /// First-fit decreasing: bins used and milli placed.

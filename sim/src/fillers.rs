@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::workload::PodClass;
 
 /// Single-GPU pods of the trace by milli-GPU, to tell how many of a gap's fillers a node can
-/// still host by CPU and memory. The dual prices behind [`crate::dual`] know neither: a 350m gap
+/// still host by CPU and memory. The dual prices behind [`vgpu_core::placement::gaps`] know neither: a 350m gap
 /// next to 2 free cores will not get the 320m pod (4 to 8 cores) they count on.
 #[derive(Clone, Debug, Default)]
 pub struct Fillers {

@@ -7,7 +7,7 @@
 //!   average CPU per GPU of GPU pods. FGD only sees CPU through the *next* pod's fit, so it happily
 //!   fills a node's CPU while its GPUs stay idle;
 //! * `W`: each GPU's unusable share of its gap at the LP dual prices of the trace's share sizes
-//!   (see [`crate::dual`]): `r - 1000 K(r)` for a gap of `r` milli, `K(r)` the most the gap can
+//!   (see [`vgpu_core::placement::gaps`]): `r - 1000 K(r)` for a gap of `r` milli, `K(r)` the most the gap can
 //!   still earn in GPUs. A move that follows an optimal packing of the trace's share mix (a
 //!   470m pod next to a lone 470m, a 160m pod into an 810m's hole) leaves `W` falling by just
 //!   the pod's price; one that spoils a gap (a 320m pod into that 470m's 530m) raises it by what
@@ -26,17 +26,11 @@
 use std::collections::HashMap;
 
 use vgpu_core::placement::frag::{cpu_stranded, FragTable, NodeView, PodShape, MILLI};
+use vgpu_core::placement::gaps::{bucket, gap_prices, GapPrices, WASTE_WEIGHT};
 
-use crate::dual::{gap_prices, GapPrices};
 use crate::fillers::Fillers;
 use crate::policy::{GpuPick, NodeState};
 use crate::workload::PodClass;
-
-/// Width of a score bucket, milli-GPU of node measure.
-pub const BUCKET_MILLI: f64 = 300.0;
-
-/// Weight of `W` in the node measure (`F` and `S` count once).
-pub const WASTE_WEIGHT: f64 = 8.0;
 
 /// `ours` for one trace: typical pods, CPU per GPU, the gap prices of `W` and the fillers.
 #[derive(Clone, Debug)]
@@ -64,7 +58,7 @@ impl Ours {
         Ours {
             table,
             cpu_per_milli_gpu: if gpu > 0.0 { cpu / gpu } else { 0.0 },
-            gaps: gap_prices(counts),
+            gaps: gap_prices(&share_counts(counts)),
             fillers: Fillers::new(classes),
         }
     }
@@ -83,7 +77,7 @@ impl Ours {
     /// the gap in the proportion of fillers that need more CPU or memory than is left. A free GPU
     /// keeps its table value (whole-GPU pods' CPU is `F`'s and `S`'s business).
     fn gpu_waste(&self, free: u32, cpu_left: u64, mem_left: u64) -> f64 {
-        let v = self.gaps.unusable[free.min(MILLI) as usize];
+        let v = self.gaps.waste(&[free]);
         if free >= MILLI {
             return v;
         }
@@ -107,13 +101,13 @@ impl Ours {
         // `F` or `S` is not rounded away on one node and kept on another.
         let s = &c.shape;
         let constant = if s.is_share() {
-            WASTE_WEIGHT * (self.gaps.price[s.gpu_milli as usize] - f64::from(s.gpu_milli))
+            self.gaps.move_constant(s.gpu_milli)
         } else {
             0.0
         };
-        let bucket = |after: f64| ((node.frag - after + constant) / BUCKET_MILLI).round() as i64;
+        let step = |after: f64| bucket(node.frag, after, constant);
         if !c.shape.is_share() {
-            return (bucket(self.measure_after(node, c, None)), GpuPick::None);
+            return (step(self.measure_after(node, c, None)), GpuPick::None);
         }
         let gpus = node.gpus();
         let mut best: Option<(i64, usize)> = None;
@@ -122,11 +116,23 @@ impl Ours {
             if g < c.shape.gpu_milli || gpus[..i].contains(&g) {
                 continue;
             }
-            let sc = bucket(self.measure_after(node, c, Some(i)));
+            let sc = step(self.measure_after(node, c, Some(i)));
             if best.is_none_or(|b| sc > b.0) {
                 best = Some((sc, i));
             }
         }
         best.map_or((0, GpuPick::None), |(sc, i)| (sc, GpuPick::Index(i as u8)))
     }
+}
+
+/// (milli-GPU, pods) of the trace's share pods, for the LP.
+pub fn share_counts(counts: &HashMap<PodShape, u64>) -> Vec<(u32, u64)> {
+    let mut v: Vec<(u32, u64)> = counts
+        .iter()
+        .filter(|(s, _)| s.is_share())
+        .map(|(s, &n)| (s.gpu_milli, n))
+        .collect();
+    // The LP sums per size; sorting keeps its input the same whatever the map's order.
+    v.sort_unstable();
+    v
 }

@@ -21,6 +21,7 @@
 //! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used.
 
 pub mod frag;
+pub mod gaps;
 
 use std::fmt;
 

@@ -1,4 +1,5 @@
-//! LP dual prices of share sizes (Gilmore-Gomory bin-packing LP), the basis of `ours`' `W`.
+//! LP dual prices of share sizes (Gilmore-Gomory bin-packing LP): what each GPU's gap is still
+//! worth, the `W` term of the `gap-aware` policy (live) and of the simulator's `ours`.
 //!
 //! The LP packs the trace's share pods (one GPU, under 1000m) into the fewest GPUs, patterns
 //! being any multiset of sizes that fits one GPU. Its dual gives each size a price `y(s)`, in
@@ -8,9 +9,16 @@
 //! 470m pod into a lone 470m's 530m gap, a 160m pod into an 810m's 190m hole), the others cost
 //! what the gap can no longer earn (a 320m pod into that 530m gap: 0.5 - 0 - 0.33 of a GPU).
 
-use std::collections::HashMap;
+use super::frag::MILLI;
 
-use vgpu_core::placement::frag::{PodShape, MILLI};
+/// Weight of the gap waste `W` in a node measure (fragmentation and CPU-stranded GPU count
+/// once): the smallest loss `W` tells apart on the Alibaba trace (a twelfth of a GPU, 83m) then
+/// spans two [`BUCKET_MILLI`] steps and outweighs fragmentation's one-pod view.
+pub const WASTE_WEIGHT: f64 = 8.0;
+
+/// Width of a score step, milli-GPU of node measure: moves whose measure changes round to the
+/// same step score the same, so that near-equal moves pack by node order.
+pub const BUCKET_MILLI: f64 = 300.0;
 
 /// Column generation stops after adding this many patterns (it adds about 30 on the Alibaba
 /// traces).
@@ -24,7 +32,7 @@ const MAX_SIZES: usize = 40;
 const EPS: f64 = 1e-9;
 
 /// The gap table and the prices of one trace, in milli-GPU.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GapPrices {
     /// `unusable[r]` for `r` in `0..=1000`: `r - 1000 K(r)`, the milli of a gap the prices say
     /// will not be used (0 for a free GPU, `r` for a gap no share fits; negative where a gap is
@@ -33,20 +41,57 @@ pub struct GapPrices {
     pub unusable: Vec<f64>,
     /// `price[m]`: `1000 y(m)` for a share size of the trace, 0 for other sizes.
     pub price: Vec<f64>,
+    /// `sized[m]`: whether `m` is one of the share sizes the prices were solved for.
+    pub sized: Vec<bool>,
 }
 
-/// Solve the LP of the trace's share pods (`counts`; other pods are ignored) and tabulate.
-pub fn gap_prices(counts: &HashMap<PodShape, u64>) -> GapPrices {
-    let (sizes, demand) = share_sizes(counts);
+impl GapPrices {
+    /// What a move of a share pod of `milli` into some gap changes `W` by when it loses nothing:
+    /// `WASTE_WEIGHT (price - milli)`. A size the prices were not solved for is valued as a gap
+    /// of its size, `1000 K(milli)`. Taking this out of every move of the pod centres the score
+    /// steps on lossless moves.
+    pub fn move_constant(&self, milli: u32) -> f64 {
+        let m = milli.min(MILLI) as usize;
+        if m == 0 || m >= MILLI as usize {
+            return 0.0;
+        }
+        let value = if self.sized[m] {
+            self.price[m]
+        } else {
+            m as f64 - self.unusable[m]
+        };
+        WASTE_WEIGHT * (value - m as f64)
+    }
+
+    /// `W` of a node: the unusable part of each GPU's gap (free milli-GPU per GPU).
+    pub fn waste(&self, left: &[u32]) -> f64 {
+        left.iter()
+            .map(|&l| self.unusable[l.min(MILLI) as usize])
+            .sum()
+    }
+}
+
+/// The score step of a move from node measure `before` to `after` ([`BUCKET_MILLI`] wide), with
+/// the pod's [`GapPrices::move_constant`] taken out.
+pub fn bucket(before: f64, after: f64, constant: f64) -> i64 {
+    ((before - after + constant) / BUCKET_MILLI).round() as i64
+}
+
+/// Solve the LP of the share pods given as (milli-GPU, pods) pairs (sizes outside `1..1000`
+/// are ignored; a size may repeat) and tabulate.
+pub fn gap_prices(shares: &[(u32, u64)]) -> GapPrices {
+    let (sizes, demand) = share_sizes(shares);
     let (step, grid, grid_demand) = coarsen(&sizes, &demand);
     let prices = dual_prices(&grid, &grid_demand);
     let k = gap_values(&grid, &prices);
     let full = f64::from(MILLI);
     let mut price = vec![0.0; MILLI as usize + 1];
+    let mut sized = vec![false; MILLI as usize + 1];
     // Each size is priced as its grid size (the same size when the grid is not coarsened).
     for &s in &sizes {
         if let Ok(i) = grid.binary_search(&(s - s % step)) {
             price[s as usize] = full * prices[i];
+            sized[s as usize] = true;
         }
     }
     GapPrices {
@@ -56,6 +101,7 @@ pub fn gap_prices(counts: &HashMap<PodShape, u64>) -> GapPrices {
             .map(|(r, v)| r as f64 - full * v)
             .collect(),
         price,
+        sized,
     }
 }
 
@@ -117,15 +163,12 @@ fn coarsen(sizes: &[u32], demand: &[f64]) -> (u32, Vec<u32>, Vec<f64>) {
 }
 
 /// Distinct share sizes ascending, and how many pods ask each.
-fn share_sizes(counts: &HashMap<PodShape, u64>) -> (Vec<u32>, Vec<f64>) {
+fn share_sizes(shares: &[(u32, u64)]) -> (Vec<u32>, Vec<f64>) {
     let mut by: Vec<(u32, u64)> = Vec::new();
-    for (s, &n) in counts
-        .iter()
-        .filter(|(s, _)| s.is_share() && s.gpu_milli > 0)
-    {
-        match by.iter_mut().find(|e| e.0 == s.gpu_milli) {
+    for &(m, n) in shares.iter().filter(|e| e.0 > 0 && e.0 < MILLI && e.1 > 0) {
+        match by.iter_mut().find(|e| e.0 == m) {
             Some(e) => e.1 += n,
-            None => by.push((s.gpu_milli, n)),
+            None => by.push((m, n)),
         }
     }
     by.sort_unstable();
@@ -276,20 +319,9 @@ fn gap_values(sizes: &[u32], prices: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_core::placement::frag::ModelMask;
 
-    fn counts(list: &[(u32, u64)]) -> HashMap<PodShape, u64> {
-        list.iter()
-            .map(|&(milli, n)| {
-                let s = PodShape {
-                    cpu_milli: 1000,
-                    gpu_milli: milli,
-                    num_gpu: 1,
-                    models: ModelMask::ANY,
-                };
-                (s, n)
-            })
-            .collect()
+    fn counts(list: &[(u32, u64)]) -> Vec<(u32, u64)> {
+        list.to_vec()
     }
 
     #[test]
