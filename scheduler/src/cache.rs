@@ -210,6 +210,10 @@ pub struct Cluster {
     /// The table from `shape_counts`, built when first needed after a change (a relist of
     /// thousands of pods then builds it once, not once per pod).
     live_frag: std::sync::OnceLock<LiveFrag>,
+    /// The table before the last change, whose `gap-aware` prices the next table reuses while
+    /// the typical share sizes stay the same ([`LiveFrag::reuse_gaps_from`]): a burst of binds
+    /// then solves the LP once, not once per bind.
+    prev_frag: Option<LiveFrag>,
 }
 
 /// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
@@ -373,6 +377,7 @@ impl Cluster {
             shape_counts: HashMap::new(),
             fixed_frag: None,
             live_frag: std::sync::OnceLock::new(),
+            prev_frag: None,
         }
     }
 
@@ -421,7 +426,11 @@ impl Cluster {
             .collect();
         // Deterministic whatever the map's order.
         counts.sort_by_key(|(s, _)| (s.gpu_milli, s.num_gpu));
-        LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT))
+        let mut t = LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT));
+        if let Some(old) = &self.prev_frag {
+            t.reuse_gaps_from(old);
+        }
+        t
     }
 
     /// (milli-GPU per GPU, GPUs) of each container: per GPU the larger of its memory and cores
@@ -465,7 +474,9 @@ impl Cluster {
                 }
             }
         }
-        self.live_frag = std::sync::OnceLock::new();
+        if let Some(old) = self.live_frag.take() {
+            self.prev_frag = Some(old);
+        }
         self.generation += 1;
     }
 

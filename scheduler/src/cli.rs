@@ -41,16 +41,17 @@ pub struct Cli {
     /// The kube-scheduler profile this extender serves.
     #[arg(long, env = "VGPU_SCHEDULER_NAME", default_value = "vgpu-scheduler")]
     pub scheduler_name: String,
-    /// Node policy for pods without `hami.io/node-scheduler-policy`: binpack, spread or
-    /// fragmentation.
+    /// Node policy for pods without `hami.io/node-scheduler-policy`: binpack, spread,
+    /// fragmentation or gap-aware.
     #[arg(long, env = "VGPU_SCHEDULER_NODE_POLICY", default_value = "binpack")]
     pub node_policy: Policy,
-    /// GPU policy for pods without `hami.io/gpu-scheduler-policy`: binpack, spread or
-    /// fragmentation.
+    /// GPU policy for pods without `hami.io/gpu-scheduler-policy`: binpack, spread,
+    /// fragmentation or gap-aware.
     #[arg(long, env = "VGPU_SCHEDULER_GPU_POLICY", default_value = "spread")]
     pub gpu_policy: Policy,
     /// JSON list of typical pod shapes (`[{"gpus": 1, "percent": 50, "count": 80}, ...]`) for the
-    /// fragmentation policy; without it the table is built from the placed vGPU pods.
+    /// fragmentation and gap-aware policies; without it the table is built from the placed vGPU
+    /// pods.
     #[arg(long, env = "VGPU_SCHEDULER_TYPICAL_PODS")]
     pub typical_pods: Option<PathBuf>,
     /// Leave out nodes whose device-plugin heartbeat is older than this many seconds.

@@ -1094,20 +1094,16 @@ mod tests {
         );
     }
 
-    /// `fragmentation` through the extender's JSON: with a typical workload of half-card pods, a
-    /// 10 % pod scores the node it leaves room for a half pod on above the one where it would
-    /// strand the rest, where binpack prefers the fuller card.
-    #[tokio::test]
-    async fn fragmentation_policy_scores_differently_from_binpack() {
+    /// An extender with nodes `roomy` (an idle 10000 MiB card) and `tight` (that card with
+    /// `used` percent taken), and the typical pods of `typical` (the `--typical-pods` JSON).
+    fn two_node_state(typical: &[u8], used: u32) -> Arc<AppState> {
         let settings = Settings {
-            typical_pods: Some(
-                crate::typical::parse("t", br#"[{"gpus": 1, "percent": 50, "count": 1}]"#).unwrap(),
-            ),
+            typical_pods: Some(crate::typical::parse("t", typical).unwrap()),
             ..Settings::default()
         };
         let s = Arc::new(AppState::new(settings, None));
         let hb = vgpu_core::time::format_rfc3339(unix_now());
-        for (node, used) in [("roomy", 0u64), ("tight", 4500)] {
+        for (node, used) in [("roomy", 0u32), ("tight", used)] {
             let uuid = format!("GPU-{node}");
             write(&s.cluster).apply_node(node, Some(&inventory(&[(&uuid, 10000)])), Some(&hb));
             if used > 0 {
@@ -1120,8 +1116,8 @@ mod tests {
                             name: "c".into(),
                             devices: vec![vgpu_core::assignment::DeviceSlice {
                                 uuid,
-                                memory_mib: used,
-                                cores: 45,
+                                memory_mib: u64::from(used) * 100,
+                                cores: used,
                             }],
                         }],
                     )),
@@ -1129,21 +1125,48 @@ mod tests {
                 );
             }
         }
-        let scored = |policy: &str| {
-            let mut p =
-                pod(json!({"nvidia.com/gpumem-percentage": "10", "nvidia.com/gpucores": "10"}));
-            p["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": policy});
-            json!({"pod": p, "nodenames": ["roomy", "tight"]})
-        };
-        let (_, frag) = call(
-            extender_app(s.clone()),
-            "/prioritize",
-            scored("fragmentation"),
-        )
-        .await;
-        let (_, bin) = call(extender_app(s.clone()), "/prioritize", scored("binpack")).await;
-        let score = |v: &Value, i: usize| v[i]["score"].as_i64().unwrap();
-        assert!(score(&frag, 0) > score(&frag, 1), "{frag}");
-        assert!(score(&bin, 0) < score(&bin, 1), "{bin}");
+        s
+    }
+
+    /// `/prioritize` of a pod asking `percent` of a card's memory and cores, under node policy
+    /// `policy`, over `roomy` and `tight`: their scores.
+    async fn prioritize_two(s: &Arc<AppState>, policy: &str, percent: u32) -> (i64, i64) {
+        let mut p = pod(json!({
+            "nvidia.com/gpumem-percentage": percent.to_string(),
+            "nvidia.com/gpucores": percent.to_string(),
+        }));
+        p["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": policy});
+        let body = json!({"pod": p, "nodenames": ["roomy", "tight"]});
+        let (_, v) = call(extender_app(s.clone()), "/prioritize", body).await;
+        let score = |i: usize| v[i]["score"].as_i64().unwrap();
+        (score(0), score(1))
+    }
+
+    /// `fragmentation` through the extender's JSON: with a typical workload of half-card pods, a
+    /// 10 % pod scores the node it leaves room for a half pod on above the one where it would
+    /// strand the rest, where binpack prefers the fuller card.
+    #[tokio::test]
+    async fn fragmentation_policy_scores_differently_from_binpack() {
+        let s = two_node_state(br#"[{"gpus": 1, "percent": 50, "count": 1}]"#, 45);
+        let (roomy, tight) = prioritize_two(&s, "fragmentation", 10).await;
+        assert!(roomy > tight, "{roomy} vs {tight}");
+        let (roomy, tight) = prioritize_two(&s, "binpack", 10).await;
+        assert!(roomy < tight, "{roomy} vs {tight}");
+    }
+
+    /// `gap-aware` through the extender's JSON: with twice as many 60 % pods as 40 % pods
+    /// typical, a 40 % pod scores 5 on the idle card (it leaves a 60 % pod's room) and 0 on the
+    /// card with a 60 % gap (it would leave 20 %, which nothing fills); a 60 % pod fills that gap
+    /// losslessly.
+    #[tokio::test]
+    async fn gap_aware_policy_scores_through_the_extender() {
+        let s = two_node_state(
+            br#"[{"gpus": 1, "percent": 60, "count": 20}, {"gpus": 1, "percent": 40, "count": 10}]"#,
+            40,
+        );
+        assert_eq!(prioritize_two(&s, "gap-aware", 40).await, (5, 0));
+        assert_eq!(prioritize_two(&s, "gap-aware", 60).await.1, 5);
+        let (roomy, tight) = prioritize_two(&s, "binpack", 40).await;
+        assert!(roomy < tight, "{roomy} vs {tight}");
     }
 }

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use vgpu_core::placement::frag::{fgd_score, FragTable, NodeView, MILLI};
+use vgpu_core::placement::frag::{fgd_score, FragTable, LiveFrag, NodeView, MILLI};
 
 use crate::trace::MAX_GPUS;
 use crate::workload::{PodClass, Trace};
@@ -37,11 +37,19 @@ pub enum Policy {
     /// each GPU's gap at LP prices of the trace's share sizes, bucketed so near-equal moves pack
     /// by node order (see [`crate::ours`]).
     Ours,
+    /// What the live extender's `fragmentation` policy computes, through the same code
+    /// ([`LiveFrag::fragmentation`]): FGD without CPU or model lists (the extender leaves CPU
+    /// and memory to kube-scheduler), node scores on kube-scheduler's 0..=10.
+    FgdLive,
+    /// What the live extender's `gap-aware` policy computes, through the same code
+    /// ([`LiveFrag::gap_measure`]): `ours` without its CPU and memory terms, fragmentation
+    /// without CPU or model lists, node scores clamped to 0..=10.
+    OursLive,
 }
 
 impl Policy {
     /// All policies, in report order.
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Random,
         Policy::DotProd,
         Policy::BestFit,
@@ -49,6 +57,8 @@ impl Policy {
         Policy::GpuClustering,
         Policy::Fgd,
         Policy::Ours,
+        Policy::FgdLive,
+        Policy::OursLive,
     ];
 
     /// Name on the command line and in reports.
@@ -61,6 +71,8 @@ impl Policy {
             Policy::GpuClustering => "gpu-clustering",
             Policy::Fgd => "fgd",
             Policy::Ours => "ours",
+            Policy::FgdLive => "fgd-live",
+            Policy::OursLive => "ours-live",
         }
     }
 
@@ -73,13 +85,16 @@ impl Policy {
             Policy::GpuPacking => Some("04-GpuPacking"),
             Policy::BestFit => Some("05-BestFit"),
             Policy::Fgd => Some("06-FGD"),
-            Policy::Ours => None,
+            Policy::Ours | Policy::FgdLive | Policy::OursLive => None,
         }
     }
 
     /// Whether the policy needs each node's fragmentation kept up to date.
     pub fn uses_fragmentation(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::Ours)
+        matches!(
+            self,
+            Policy::Fgd | Policy::Ours | Policy::FgdLive | Policy::OursLive
+        )
     }
 }
 
@@ -91,7 +106,7 @@ impl fmt::Display for Policy {
 
 /// An unknown policy name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, all)")]
+#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, fgd-live, ours-live, all)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {
@@ -279,6 +294,8 @@ pub fn score(
         Policy::GpuClustering => (gpu_clustering(node, c), share_best()),
         Policy::Fgd => fgd(node, c, table),
         Policy::Ours => trace.ours.score(node, c),
+        Policy::FgdLive => fgd_live(node, c, &trace.live),
+        Policy::OursLive => ours_live(node, c, &trace.live),
     })
 }
 
@@ -366,4 +383,63 @@ fn fgd(node: &NodeState, c: &PodClass, table: &FragTable) -> (i64, GpuPick) {
             GpuPick::None,
         )
     }
+}
+
+/// The live `fragmentation` policy on simulator nodes (`node.frag` holds [`LiveFrag`]'s
+/// fragmentation): the node score of [`LiveFrag::fgd_score_of`]; a share pod takes the GPU that
+/// leaves the least fragmentation, then the fullest, then the lowest index, as the extender.
+fn fgd_live(node: &NodeState, c: &PodClass, live: &LiveFrag) -> (i64, GpuPick) {
+    let frag_after = |gpu: Option<usize>| {
+        let (after, _) = node.after(c, gpu);
+        live.fragmentation(&after[..node.ngpu])
+    };
+    let score = |after: f64| i64::from(LiveFrag::fgd_score_of(node.frag, after));
+    if !c.shape.is_share() {
+        return (score(frag_after(None)), GpuPick::None);
+    }
+    let gpus = node.gpus();
+    let mut best: Option<(u64, u32, usize)> = None;
+    for (i, &g) in gpus.iter().enumerate() {
+        if g < c.shape.gpu_milli {
+            continue;
+        }
+        let f = frag_after(Some(i)).round().max(0.0) as u64;
+        let left = g - c.shape.gpu_milli;
+        if best.is_none_or(|b| (f, left) < (b.0, b.1)) {
+            best = Some((f, left, i));
+        }
+    }
+    match best {
+        Some((_, _, i)) => (score(frag_after(Some(i))), GpuPick::Index(i as u8)),
+        None => (0, GpuPick::None),
+    }
+}
+
+/// The live `gap-aware` policy on simulator nodes: the same measure, steps and 0..=10 node score
+/// as [`vgpu_core::placement`] computes over a node's GPUs (`node.frag` holds the measure). A
+/// share pod takes the GPU with the best step, lowest index first; other pods take whole GPUs
+/// lowest index first.
+fn ours_live(node: &NodeState, c: &PodClass, live: &LiveFrag) -> (i64, GpuPick) {
+    let before = node.gpus();
+    let step = |gpu: Option<usize>| {
+        let (after, _) = node.after(c, gpu);
+        live.gap_step(node.frag, before, &after[..node.ngpu])
+    };
+    let score = |step: i64| i64::from(LiveFrag::gap_score_of_step(step));
+    if !c.shape.is_share() {
+        return (score(step(None)), GpuPick::None);
+    }
+    let mut best: Option<(i64, usize)> = None;
+    for (i, &g) in before.iter().enumerate() {
+        if g < c.shape.gpu_milli || before[..i].contains(&g) {
+            continue;
+        }
+        let st = step(Some(i));
+        if best.is_none_or(|b| st > b.0) {
+            best = Some((st, i));
+        }
+    }
+    best.map_or((0, GpuPick::None), |(st, i)| {
+        (score(st), GpuPick::Index(i as u8))
+    })
 }

@@ -75,12 +75,11 @@ pub fn simulate_with(
     score_cache: bool,
 ) -> RunResult {
     let table = &trace.table;
-    let frag_of = |st: &NodeState| {
-        if policy == Policy::Ours {
-            trace.ours.measure(st.view(), st.mem_left)
-        } else {
-            table.fragmentation(st.view())
-        }
+    let frag_of = |st: &NodeState| match policy {
+        Policy::Ours => trace.ours.measure(st.view(), st.mem_left),
+        Policy::FgdLive => trace.live.fragmentation(st.gpus()),
+        Policy::OursLive => trace.live.gap_measure(st.gpus()),
+        _ => table.fragmentation(st.view()),
     };
     let mut nodes: Vec<NodeState> = cluster
         .nodes

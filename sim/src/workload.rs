@@ -89,6 +89,8 @@ pub struct Trace {
     pub table: FragTable,
     /// Model of `ours`.
     pub ours: crate::ours::Ours,
+    /// The live extender's table for `ours-live`: the same typical pods, GPU shape only.
+    pub live: vgpu_core::placement::frag::LiveFrag,
 }
 
 impl Trace {
@@ -128,6 +130,7 @@ impl Trace {
         );
         let table = FragTable::new(&typical);
         let ours = crate::ours::Ours::new(table.clone(), &shape_counts, &class_counts);
+        let live = vgpu_core::placement::frag::LiveFrag::new(&typical);
         Ok(Trace {
             name: name.to_string(),
             classes,
@@ -135,6 +138,7 @@ impl Trace {
             typical,
             table,
             ours,
+            live,
         })
     }
 

@@ -55,6 +55,8 @@ fn whole_gpu_pods_pack_so_the_eight_gpu_pod_fits() {
         Policy::GpuPacking,
         Policy::Fgd,
         Policy::Ours,
+        Policy::FgdLive,
+        Policy::OursLive,
     ] {
         for seed in 0..20 {
             let r = run(&nodes, &pods, policy, seed);
@@ -82,7 +84,7 @@ fn share_pods_pair_up_to_full_gpus() {
         pod(1000, 1, 600),
         pod(1000, 1, 400),
     ];
-    for policy in [Policy::Fgd, Policy::Ours] {
+    for policy in [Policy::Fgd, Policy::Ours, Policy::FgdLive, Policy::OursLive] {
         for seed in 0..20 {
             let r = run(&nodes, &pods, policy, seed);
             assert_eq!(r.failed, 0, "{policy} seed {seed}");
@@ -169,6 +171,119 @@ fn allocation_is_recorded_at_every_percent_of_arrival() {
         .map(|&p| trace.classes[p as usize].shape.total_milli())
         .sum();
     assert!(total as f64 <= 0.2 * cap as f64);
+}
+
+/// `fgd-live` and `ours-live` are the extender's `fragmentation` and `gap-aware` policies: on
+/// random node states, the simulator's score and GPU pick equal what `vgpu_core::placement`
+/// gives for the same node described as the extender sees it (cards of 1000 MiB and 100 cores,
+/// so free milli-GPU reads as free MiB).
+#[test]
+fn live_policies_score_as_the_extender() {
+    use vgpu_core::assignment::DeviceSlice;
+    use vgpu_core::inventory::DeviceInfo;
+    use vgpu_core::placement::{place_scored_with, Gpu, NodeGpus, PodRequest};
+    use vgpu_core::request::{Memory, VgpuRequest};
+    use vgpu_sim::policy::{score, GpuPick, NodeState};
+    use vgpu_sim::rng::Rng;
+
+    let nodes = [node("n0", 8, 1 << 30, "A")];
+    let sizes = [100, 160, 250, 300, 470, 500, 600, 810];
+    let mut pods: Vec<PodRow> = sizes.iter().map(|&m| pod(1000, 1, m)).collect();
+    pods.extend([pod(1000, 1, 1000), pod(1000, 2, 1000), pod(1000, 0, 0)]);
+    pods.extend([pod(1000, 1, 470), pod(1000, 1, 810), pod(1000, 1, 810)]);
+    let mut cluster = Cluster::new(&nodes).unwrap();
+    let trace = Trace::new("live", &pods, &mut cluster).unwrap();
+    let mut rng = Rng::new(5);
+    let mut compared = 0;
+    for _ in 0..300 {
+        let ngpu = 1 + rng.below(8) as usize;
+        let mut gpu_left = [0u32; vgpu_sim::trace::MAX_GPUS];
+        for g in gpu_left.iter_mut().take(ngpu) {
+            *g = [0, 1000, 1000, 190, 530, 400, 500, 840, 60][rng.below(9) as usize];
+        }
+        let devs: Vec<Gpu> = (0..ngpu)
+            .map(|i| {
+                Gpu::from_device(&DeviceInfo {
+                    uuid: format!("GPU-{i}"),
+                    index: i as u32,
+                    model: "A".into(),
+                    memory_mib: 1000,
+                    cores: 100,
+                    split: 100,
+                    numa: None,
+                    healthy: true,
+                    vendor: String::new(),
+                })
+            })
+            .collect();
+        let mut live_node = NodeGpus::new(devs);
+        for (i, &left) in gpu_left.iter().take(ngpu).enumerate() {
+            let used = 1000 - left;
+            if used > 0 {
+                live_node.add(&DeviceSlice {
+                    uuid: format!("GPU-{i}"),
+                    memory_mib: u64::from(used),
+                    cores: used / 10,
+                });
+            }
+        }
+        for (policy, live_policy) in [
+            (Policy::FgdLive, vgpu_core::placement::Policy::Fragmentation),
+            (Policy::OursLive, vgpu_core::placement::Policy::GapAware),
+        ] {
+            let mut st = NodeState {
+                cpu_left: 1 << 30,
+                mem_left: 1 << 30,
+                gpu_left,
+                ngpu,
+                model: 0,
+                kinds: [0; vgpu_sim::trace::MAX_GPUS + 1],
+                version: 1,
+                frag: 0.0,
+            };
+            st.frag = match policy {
+                Policy::FgdLive => trace.live.fragmentation(st.gpus()),
+                _ => trace.live.gap_measure(st.gpus()),
+            };
+            for c in &trace.classes {
+                let s = c.shape;
+                if s.num_gpu == 0 {
+                    continue;
+                }
+                let sim = score(policy, &st, c, &trace);
+                let mut req = PodRequest::simple(vec![vgpu_core::placement::ContainerRequest {
+                    name: "main".into(),
+                    request: VgpuRequest {
+                        gpus: s.num_gpu,
+                        memory: Memory::Mib(u64::from(s.gpu_milli)),
+                        cores: s.gpu_milli / 10,
+                    },
+                }]);
+                req.node_policy = live_policy;
+                req.gpu_policy = live_policy;
+                let live = place_scored_with(&live_node, &req, Some(&trace.live)).ok();
+                let (sim_fits, live_fits) = (sim.is_some(), live.is_some());
+                let (Some((sim_score, pick)), Some((assigned, live_score))) = (sim, live) else {
+                    assert!(!sim_fits && !live_fits, "{policy} {s:?} {gpu_left:?}");
+                    continue;
+                };
+                assert_eq!(
+                    sim_score,
+                    i64::from(live_score),
+                    "{policy} {s:?} {gpu_left:?}"
+                );
+                if let GpuPick::Index(i) = pick {
+                    assert_eq!(
+                        assigned[0].devices[0].uuid,
+                        format!("GPU-{i}"),
+                        "{policy} {s:?} {gpu_left:?}"
+                    );
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 2000, "{compared}");
 }
 
 fn write_synthetic_dir(dir: &Path) {

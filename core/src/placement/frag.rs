@@ -15,7 +15,9 @@
 //! simulator (`vgpu-sim`), so both score nodes identically.
 
 use std::cmp::Ordering;
+use std::sync::OnceLock;
 
+use super::gaps::{bucket, gap_prices, GapPrices, WASTE_WEIGHT};
 use super::{permille, GpuHot, Scratch};
 use crate::request::VgpuRequest;
 
@@ -320,12 +322,30 @@ pub fn single_gpu_waste(mix: &[(u32, f64)]) -> Vec<f64> {
 /// (0 when it is unhealthy, at its split count or held exclusively); a pod's milli-GPU per GPU is
 /// the larger of its memory and cores shares. Typical pods keep only their GPU shape: the CPU term
 /// of [`FragTable`] is dropped (every pod "fits" by CPU) and so are model lists.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct LiveFrag {
     /// (milli per GPU, GPUs, weight), distinct shapes.
     groups: Vec<(u32, u32, f64)>,
     cpu_only: f64,
+    /// The `gap-aware` policy's prices of the one-GPU share shapes, solved when first needed
+    /// (0.05-0.4 ms; tables that only `fragmentation` reads never pay it), with the share
+    /// weights they were solved for.
+    gaps: OnceLock<(Vec<(u32, f64)>, GapPrices)>,
 }
+
+/// Tables are equal when their typical pods are (the prices follow from those).
+impl PartialEq for LiveFrag {
+    fn eq(&self, other: &LiveFrag) -> bool {
+        self.groups == other.groups && self.cpu_only == other.cpu_only
+    }
+}
+
+/// Weights are probabilities; the LP wants pod counts (it caps a pattern's copies of a size at
+/// its count), so each weight counts as this many pods.
+const GAP_WEIGHT_PODS: f64 = 1e6;
+
+/// How far (as a ratio) a share size's weight may move before the prices are solved again.
+pub const GAP_REUSE_RATIO: f64 = 1.25;
 
 /// Node scores run 0..=10 ([`super::MAX_SCORE`]); a fragmentation change of this many
 /// milli-GPU moves the score from 5 to about 7.3.
@@ -418,6 +438,121 @@ impl LiveFrag {
         }
     }
 
+    /// The prices of the `gap-aware` policy: the LP of the table's one-GPU share shapes.
+    pub fn gaps(&self) -> &GapPrices {
+        &self
+            .gaps
+            .get_or_init(|| {
+                let basis = self.share_weights();
+                let pods: Vec<(u32, u64)> = basis
+                    .iter()
+                    .map(|&(m, w)| (m, (w * GAP_WEIGHT_PODS).round().max(1.0) as u64))
+                    .collect();
+                let prices = gap_prices(&pods);
+                (basis, prices)
+            })
+            .1
+    }
+
+    /// (milli, weight) of the one-GPU share shapes, ascending.
+    fn share_weights(&self) -> Vec<(u32, f64)> {
+        self.groups
+            .iter()
+            .filter(|g| g.1 == 1 && g.0 < MILLI)
+            .map(|g| (g.0, g.2))
+            .collect()
+    }
+
+    /// Takes `old`'s solved prices when this table has the same one-GPU share sizes, each
+    /// weight within [`GAP_REUSE_RATIO`] of the weight the prices were solved for: prices barely
+    /// move with small changes of the mix, and the live table changes with every placed or
+    /// removed pod.
+    pub fn reuse_gaps_from(&mut self, old: &LiveFrag) {
+        let Some((basis, prices)) = old.gaps.get() else {
+            return;
+        };
+        let now = self.share_weights();
+        let close = now.len() == basis.len()
+            && now.iter().zip(basis).all(|(a, b)| {
+                a.0 == b.0 && a.1 <= b.1 * GAP_REUSE_RATIO && b.1 <= a.1 * GAP_REUSE_RATIO
+            });
+        if close {
+            let _ = self.gaps.set((basis.clone(), prices.clone()));
+        }
+    }
+
+    /// The `gap-aware` node measure `M = F + WASTE_WEIGHT x W` of a node whose GPUs have these
+    /// free milli-GPU: fragmentation against the typical pods plus the unusable part of each
+    /// GPU's gap at the prices.
+    pub fn gap_measure(&self, left: &[u32]) -> f64 {
+        self.fragmentation(left) + WASTE_WEIGHT * self.gaps().waste(left)
+    }
+
+    /// The per-move constant of a placement that takes `before` to `after` (free milli-GPU per
+    /// GPU): the sum of [`GapPrices::move_constant`] of what each GPU lost.
+    pub fn gap_constant(&self, before: &[u32], after: &[u32]) -> f64 {
+        before
+            .iter()
+            .zip(after)
+            .filter(|(b, a)| a < b)
+            .map(|(b, a)| self.gaps().move_constant(b - a))
+            .sum()
+    }
+
+    /// The score step of a placement from `before` (measure `m_before`) to `after`.
+    pub fn gap_step(&self, m_before: f64, before: &[u32], after: &[u32]) -> i64 {
+        bucket(
+            m_before,
+            self.gap_measure(after),
+            self.gap_constant(before, after),
+        )
+    }
+
+    /// A step as a node score 0..=10: 5 for a move that changes the measure by less than half
+    /// a step, one point per step, clamped (kube-scheduler's extender scores run 0..=10).
+    pub fn gap_score_of_step(step: i64) -> u32 {
+        (5 + step).clamp(0, i64::from(super::MAX_SCORE)) as u32
+    }
+
+    /// [`LiveFrag::rank_share`] for `gap-aware`: the key is the candidate's step (the largest
+    /// wins; ties go to the lowest index).
+    pub(super) fn rank_share_gaps(
+        &self,
+        gpus: &[GpuHot],
+        state: &[Scratch],
+        r: &VgpuRequest,
+        cand: &mut [(u64, u32, usize)],
+        before: &mut Vec<u32>,
+        after: &mut Vec<u32>,
+    ) {
+        Self::fill(before, gpus, state);
+        let m_before = self.gap_measure(before);
+        after.clear();
+        after.extend_from_slice(before);
+        for c in cand.iter_mut() {
+            let i = c.2;
+            after[i] = Self::left_of(&gpus[i], &state[i].with(&gpus[i], r));
+            let step = self.gap_step(m_before, before, after);
+            after[i] = before[i];
+            c.0 = (step + (1i64 << 40)).max(0) as u64;
+        }
+    }
+
+    /// The `gap-aware` node score 0..=10 for moving from `gpus` as they are to `state`.
+    pub(super) fn gap_node_score(
+        &self,
+        gpus: &[GpuHot],
+        state: &[Scratch],
+        before: &mut Vec<u32>,
+        after: &mut Vec<u32>,
+    ) -> u32 {
+        before.clear();
+        before.extend(gpus.iter().map(|g| Self::left_of(g, &Scratch::of(g))));
+        Self::fill(after, gpus, state);
+        let step = self.gap_step(self.gap_measure(before), before, after);
+        Self::gap_score_of_step(step)
+    }
+
     /// The node score 0..=10 for moving from `gpus` as they are to `state` (after placement):
     /// `round(10 × sigmoid((F_before - F_after) / 500))`.
     pub(super) fn node_score(
@@ -430,7 +565,13 @@ impl LiveFrag {
         before.clear();
         before.extend(gpus.iter().map(|g| Self::left_of(g, &Scratch::of(g))));
         Self::fill(after, gpus, state);
-        let delta = self.fragmentation(before) - self.fragmentation(after);
+        Self::fgd_score_of(self.fragmentation(before), self.fragmentation(after))
+    }
+
+    /// The `fragmentation` node score 0..=10 of a move from fragmentation `before` to `after`:
+    /// `round(10 × sigmoid((before - after) / 500))`.
+    pub fn fgd_score_of(before: f64, after: f64) -> u32 {
+        let delta = before - after;
         let s = f64::from(super::MAX_SCORE) / (1.0 + (-delta / LIVE_SCORE_MILLI).exp());
         (s.round() as u32).min(super::MAX_SCORE)
     }
@@ -583,6 +724,35 @@ mod tests {
         let v = single_gpu_waste(&[(1000, 1.0), (400, 1.0)]);
         assert_eq!(v[1000], 100.0);
         assert_eq!(single_gpu_waste(&[])[700], 700.0);
+    }
+
+    fn live(shares: &[(u32, u64)]) -> LiveFrag {
+        LiveFrag::new(&typical_pods(
+            shares.iter().map(|&(m, n)| (shape(0, m, 1), n)),
+            100.0,
+        ))
+    }
+
+    #[test]
+    fn gap_prices_are_reused_while_the_share_mix_stays_close() {
+        let solved = live(&[(600, 20), (400, 10)]);
+        let prices = solved.gaps().clone();
+        // 10 % more 600s: reused, no LP.
+        let mut near = live(&[(600, 22), (400, 10)]);
+        near.reuse_gaps_from(&solved);
+        assert_eq!(near.gaps.get().map(|g| &g.1), Some(&prices));
+        // Drift is measured from the weights the prices were solved for, not from the last table.
+        let mut drifted = live(&[(600, 30), (400, 10)]);
+        drifted.reuse_gaps_from(&near);
+        assert!(drifted.gaps.get().is_none());
+        // Another size, or an unsolved table: nothing to reuse.
+        let mut other = live(&[(600, 20), (400, 10), (300, 1)]);
+        other.reuse_gaps_from(&solved);
+        assert!(other.gaps.get().is_none());
+        let mut from_unsolved = live(&[(600, 20), (400, 10)]);
+        from_unsolved.reuse_gaps_from(&live(&[(600, 20), (400, 10)]));
+        assert!(from_unsolved.gaps.get().is_none());
+        assert_eq!(from_unsolved.gaps(), &prices);
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub fn gap_prices(shares: &[(u32, u64)]) -> GapPrices {
     let (sizes, demand) = share_sizes(shares);
     let (step, grid, grid_demand) = coarsen(&sizes, &demand);
     let prices = dual_prices(&grid, &grid_demand);
-    let k = gap_values(&grid, &prices);
+    let k = gap_values(&grid, &prices, &grid_demand);
     let full = f64::from(MILLI);
     let mut price = vec![0.0; MILLI as usize + 1];
     let mut sized = vec![false; MILLI as usize + 1];
@@ -302,16 +302,35 @@ fn knapsack(sizes: &[u32], prices: &[f64], demand: &[f64]) -> (f64, Vec<f64>) {
         })
 }
 
-/// `K(r)` for `r` in `0..=1000`: the most a gap of `r` milli earns at `prices` (any copies).
-fn gap_values(sizes: &[u32], prices: &[f64]) -> Vec<f64> {
-    let mut k = vec![0.0; MILLI as usize + 1];
-    for r in 1..k.len() {
-        k[r] = k[r - 1];
-        for (&s, &y) in sizes.iter().zip(prices) {
-            if s as usize <= r {
-                k[r] = f64::max(k[r], k[r - s as usize] + y);
+/// `K(r)` for `r` in `0..=1000`: the most a gap of `r` milli earns at `prices`, with at most
+/// `demand[i]` copies of size `i` (the LP's patterns have the same caps; without them a size
+/// asked by one pod, which the LP may price up to a whole GPU, would make every gap worth many).
+fn gap_values(sizes: &[u32], prices: &[f64], demand: &[f64]) -> Vec<f64> {
+    let cap = MILLI as usize;
+    // best[w]: the most a pattern of exactly w milli earns (None: no such pattern).
+    let mut best: Vec<Option<f64>> = vec![None; cap + 1];
+    best[0] = Some(0.0);
+    for (i, (&s, &y)) in sizes.iter().zip(prices).enumerate() {
+        let s = s as usize;
+        let most = (cap / s).min(demand[i] as usize);
+        let before = best.clone();
+        for (w, v) in before.iter().enumerate() {
+            let Some(v) = v else { continue };
+            for q in 1..=most {
+                let w2 = w + q * s;
+                if w2 > cap {
+                    break;
+                }
+                let v2 = v + q as f64 * y;
+                if best[w2].is_none_or(|b| b < v2) {
+                    best[w2] = Some(v2);
+                }
             }
         }
+    }
+    let mut k = vec![0.0; cap + 1];
+    for r in 1..=cap {
+        k[r] = f64::max(k[r - 1], best[r].unwrap_or(0.0));
     }
     k
 }
@@ -381,6 +400,19 @@ mod tests {
         assert!(grid.iter().all(|g| g % step == 0 && *g > 0));
         // Sizes under the step round to 0 and are dropped; the rest keep their demand.
         assert_eq!(demand.iter().sum::<f64>(), f64::from(999 - (step - 1)));
+    }
+
+    #[test]
+    fn gap_values_respect_demand() {
+        // One 50m pod among 987m pods: whatever its price, a gap holds at most one of it.
+        let g = gap_prices(&[(50, 1), (987, 20)]);
+        for r in 0..=1000 {
+            assert!(
+                g.unusable[r] >= r as f64 - 1000.0 - 1e-6,
+                "{r}: {}",
+                g.unusable[r]
+            );
+        }
     }
 
     #[test]

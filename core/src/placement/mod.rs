@@ -53,6 +53,12 @@ pub enum Policy {
     /// one-GPU pod takes the GPU that leaves its node least fragmented. Needs a typical-pod table
     /// ([`frag::LiveFrag`]); without one it acts as `binpack`.
     Fragmentation,
+    /// `fragmentation` plus what each GPU's gap is still worth ([`gaps`]): the node measure adds
+    /// the unusable part of every GPU's free share at LP prices of the typical share sizes, so a
+    /// pod goes where it spoils no gap the typical pods could still fill (a 47 % pod next to a
+    /// lone 47 %, a 16 % pod into an 81 %'s hole). The simulator's `ours-live`. Needs the
+    /// typical-pod table; without one it acts as `binpack`.
+    GapAware,
 }
 
 impl Policy {
@@ -62,11 +68,17 @@ impl Policy {
             Policy::Binpack => "binpack",
             Policy::Spread => "spread",
             Policy::Fragmentation => "fragmentation",
+            Policy::GapAware => "gap-aware",
         }
     }
 
+    /// Whether the policy scores against the typical-pod table.
+    pub fn uses_table(self) -> bool {
+        matches!(self, Policy::Fragmentation | Policy::GapAware)
+    }
+
     /// Every policy name, for messages.
-    pub const NAMES: &'static str = "binpack, spread, fragmentation";
+    pub const NAMES: &'static str = "binpack, spread, fragmentation, gap-aware";
 
     /// Reads a policy name (case-insensitive, surrounding spaces ignored).
     pub fn parse(s: &str) -> Option<Policy> {
@@ -77,6 +89,8 @@ impl Policy {
             Some(Policy::Spread)
         } else if s.eq_ignore_ascii_case("fragmentation") {
             Some(Policy::Fragmentation)
+        } else if s.eq_ignore_ascii_case("gap-aware") {
+            Some(Policy::GapAware)
         } else {
             None
         }
@@ -999,8 +1013,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
 ) -> Result<u32, Miss> {
     // The table is only read under a fragmentation policy (the cluster hands it over whenever it
     // knows a GPU pod).
-    let frag_used = frag.is_some()
-        && (pod.node_policy == Policy::Fragmentation || pod.gpu_policy == Policy::Fragmentation);
+    let frag_used = frag.is_some() && (pod.node_policy.uses_table() || pod.gpu_policy.uses_table());
     if !frag_used && !pod.filter.typed() && !pod.filter.uuids() {
         if let [c] = pod.containers.as_slice() {
             if c.request.gpus == 1 {
@@ -1224,6 +1237,12 @@ fn place_core<S: GpuSet + ?Sized>(
                 t.rank_share(gpus, scratch, r, cand, frag_before);
                 Policy::Binpack
             }
+            (Policy::GapAware, Some(t)) if need == 1 => {
+                // The GPU whose use leaves the node's measure the best step lower (ties: the
+                // lowest index, as the simulator).
+                t.rank_share_gaps(gpus, scratch, r, cand, frag_before, frag_after);
+                Policy::Binpack
+            }
             (Policy::Spread, _) => Policy::Spread,
             _ => Policy::Binpack,
         };
@@ -1271,8 +1290,14 @@ fn place_core<S: GpuSet + ?Sized>(
             });
         }
     }
-    if let (Policy::Fragmentation, Some(t)) = (pod.node_policy, frag) {
-        return Ok(t.node_score(gpus, scratch, frag_before, frag_after));
+    match (pod.node_policy, frag) {
+        (Policy::Fragmentation, Some(t)) => {
+            return Ok(t.node_score(gpus, scratch, frag_before, frag_after))
+        }
+        (Policy::GapAware, Some(t)) => {
+            return Ok(t.gap_node_score(gpus, scratch, frag_before, frag_after))
+        }
+        _ => {}
     }
     // Node use after placement: mean over usable GPUs. An untouched GPU's use is its record's
     // `use_now` (its scratch is its record); only the touched ones are recomputed. Chosen GPUs are

@@ -340,7 +340,7 @@ fn unknown_policy_is_refused_naming_the_annotation() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "annotation hami.io/node-scheduler-policy: \"pack\" is not one of binpack, spread, fragmentation"
+        "annotation hami.io/node-scheduler-policy: \"pack\" is not one of binpack, spread, fragmentation, gap-aware"
     );
     assert_eq!("SPREAD".parse::<Policy>(), Ok(Policy::Spread));
     assert!("x".parse::<Policy>().is_err());
@@ -603,4 +603,126 @@ fn fragmentation_policy_keeps_room_for_typical_pods() {
     assert!(s_idle <= MAX_SCORE);
     assert!(t.fragmentation(&[1000, 450]) > t.fragmentation(&[1000, 500]));
     assert!(!t.is_empty() && frag::LiveFrag::default().is_empty());
+}
+
+/// One card of 1000 MiB and 100 cores with `used` milli-GPU taken (memory and cores alike), so
+/// free milli-GPU reads as free MiB.
+fn milli_node(used: &[u32]) -> NodeGpus {
+    let devs: Vec<_> = (0..used.len())
+        .map(|i| {
+            let mut d = dev(&format!("GPU-{i}"), i as u32, "NVIDIA T4", 1000);
+            d.split = 100;
+            d
+        })
+        .collect();
+    let mut n = node(&devs);
+    for (i, &u) in used.iter().enumerate() {
+        if u > 0 {
+            n.add(&slice(&format!("GPU-{i}"), u64::from(u), u / 10));
+        }
+    }
+    n
+}
+
+/// A pod of `milli` milli-GPU on [`milli_node`] cards.
+fn milli_pod(milli: u32) -> PodRequest {
+    one(1, Memory::Mib(u64::from(milli)), milli / 10)
+}
+
+/// `gap-aware` prices what each gap can still hold. With twice as many 60 % pods as 40 % pods
+/// typical, each 60 % pod will want a card of its own and the 40 % pods fill the holes next to
+/// them: a 40 % pod goes to the idle card (leaving 60 %, a 60 % pod's room) rather than into a
+/// 60 % gap (leaving 20 %, which nothing fills), where binpack takes the fuller card.
+#[test]
+fn gap_aware_policy_keeps_gaps_the_typical_pods_fill() {
+    let t = frag_table(&[(600, 1, 20), (400, 1, 10)]);
+    let n = milli_node(&[0, 400]);
+    let mut p = milli_pod(400);
+    p.gpu_policy = Policy::Binpack;
+    assert_eq!(
+        uuids(&place_scored_with(&n, &p, None).unwrap().0),
+        [["GPU-1"]]
+    );
+    p.gpu_policy = Policy::GapAware;
+    assert_eq!(
+        uuids(&place_scored_with(&n, &p, Some(&t)).unwrap().0),
+        [["GPU-0"]]
+    );
+    // Without a table it is binpack.
+    assert_eq!(
+        uuids(&place_scored_with(&n, &p, None).unwrap().0),
+        [["GPU-1"]]
+    );
+
+    // Node policy: the lossless move scores 5, the move that spoils a 60 % gap scores less.
+    p.node_policy = Policy::GapAware;
+    let idle = milli_node(&[0]);
+    let spoiling = milli_node(&[400]);
+    let s_idle = place_scored_with(&idle, &p, Some(&t)).unwrap().1;
+    let s_spoil = place_scored_with(&spoiling, &p, Some(&t)).unwrap().1;
+    assert_eq!((s_idle, s_spoil), (5, 0));
+    // A 60 % pod into that 60 % gap fills it: a lossless move too.
+    let mut fill = milli_pod(600);
+    fill.node_policy = Policy::GapAware;
+    assert_eq!(place_scored_with(&spoiling, &fill, Some(&t)).unwrap().1, 5);
+    // Binpack prefers the fuller node.
+    p.node_policy = Policy::Binpack;
+    let b_idle = place_scored_with(&idle, &p, None).unwrap().1;
+    let b_spoil = place_scored_with(&spoiling, &p, None).unwrap().1;
+    assert!(b_spoil > b_idle, "{b_idle} vs {b_spoil}");
+    // The lean path agrees with the full one.
+    p.node_policy = Policy::GapAware;
+    let mut buf = PlaceBuf::default();
+    assert_eq!(score_buf(&spoiling, &p, &mut buf, Some(&t)), Ok(s_spoil));
+    assert_eq!(score_buf(&idle, &p, &mut buf, Some(&t)), Ok(s_idle));
+}
+
+/// The measure behind `gap-aware`: fragmentation plus eight times each GPU's unusable gap, and
+/// the per-move constant that makes a lossless move step 0.
+#[test]
+fn gap_measure_and_steps() {
+    let t = frag_table(&[(600, 1, 20), (400, 1, 10)]);
+    let g = t.gaps();
+    // The LP's one optimum: every 60 % pod takes a card (a whole GPU's price), 40 % pods fill
+    // the holes for free.
+    assert!((g.price[600] - 1000.0).abs() < 1e-6 && g.price[400].abs() < 1e-6);
+    assert!((g.unusable[200] - 200.0).abs() < 1e-6);
+    assert!((g.unusable[600] + 400.0).abs() < 1e-6);
+    assert!(g.unusable[1000].abs() < 1e-6);
+    for left in [[200u32, 1000], [600, 0], [1000, 1000]] {
+        let want = t.fragmentation(&left) + 8.0 * g.waste(&left);
+        assert!((t.gap_measure(&left) - want).abs() < 1e-6, "{left:?}");
+    }
+    // A 40 % pod into a 60 % gap loses the 60 % pod's whole card: 8000 milli, 27 steps down.
+    let step = t.gap_step(t.gap_measure(&[600]), &[600], &[200]);
+    assert!(step <= -20, "{step}");
+    assert_eq!(frag::LiveFrag::gap_score_of_step(step), 0);
+    // Into a free card: lossless.
+    let step = t.gap_step(t.gap_measure(&[1000]), &[1000], &[600]);
+    assert_eq!(step, 0);
+    assert_eq!(frag::LiveFrag::gap_score_of_step(step), 5);
+    assert_eq!(frag::LiveFrag::gap_score_of_step(40), MAX_SCORE);
+    // Whole cards carry no constant; a size outside the table is valued as a gap of its size.
+    assert_eq!(t.gap_constant(&[1000, 1000], &[0, 1000]), 0.0);
+    assert!((g.move_constant(400) + 8.0 * 400.0).abs() < 1e-6);
+    assert!((g.move_constant(450) + 8.0 * g.unusable[450]).abs() < 1e-6);
+    assert_eq!(g.move_constant(0), 0.0);
+    // Equal tables compare equal whether or not their prices were solved.
+    assert_eq!(frag_table(&[(600, 1, 20), (400, 1, 10)]), t);
+}
+
+#[test]
+fn policy_names() {
+    for p in [
+        Policy::Binpack,
+        Policy::Spread,
+        Policy::Fragmentation,
+        Policy::GapAware,
+    ] {
+        assert_eq!(Policy::parse(p.as_str()), Some(p));
+        assert!(Policy::NAMES.contains(p.as_str()));
+    }
+    assert_eq!(Policy::parse(" Gap-Aware "), Some(Policy::GapAware));
+    assert_eq!(Policy::parse("fgd"), None);
+    assert!(Policy::GapAware.uses_table() && !Policy::Spread.uses_table());
 }

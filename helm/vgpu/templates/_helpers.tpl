@@ -94,7 +94,7 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- if not (has .Values.devicePlugin.backend (list "nvidia" "dcu")) -}}
 {{- fail (printf "devicePlugin.backend must be nvidia or dcu, not %q" .Values.devicePlugin.backend) -}}
 {{- end -}}
-{{- $policies := list "binpack" "spread" "fragmentation" -}}
+{{- $policies := list "binpack" "spread" "fragmentation" "gap-aware" -}}
 {{- range $key, $p := dict "nodePolicy" .Values.scheduler.extender.nodePolicy "gpuPolicy" .Values.scheduler.extender.gpuPolicy -}}
 {{- if not (has $p $policies) -}}
 {{- fail (printf "scheduler.extender.%s must be one of %s, not %q" $key (join ", " $policies) $p) -}}
