@@ -170,8 +170,10 @@ pub fn table(summaries: &[Summary], published: Option<&Published>) -> String {
     out
 }
 
-const COLORS: [&str; 8] = [
-    "#7f7f7f", "#9467bd", "#2ca02c", "#8c564b", "#e377c2", "#1f77b4", "#d62728", "#bcbd22",
+/// One colour per policy, in [`crate::Policy::ALL`] order.
+const COLORS: [&str; 9] = [
+    "#7f7f7f", "#9467bd", "#2ca02c", "#8c564b", "#e377c2", "#1f77b4", "#d62728", "#17becf",
+    "#ff7f0e",
 ];
 
 fn escape(s: &str) -> String {

@@ -347,14 +347,14 @@ fn cli_writes_csv_summary_json_and_svg() {
     assert!(header.starts_with("workload,sc_policy,tune,seed,total_gpus,0,1,"));
     assert!(header.ends_with(",130"));
     let rows: Vec<&str> = lines.collect();
-    assert_eq!(rows.len(), 7 * 3);
+    assert_eq!(rows.len(), Policy::ALL.len() * 3);
     assert!(rows.iter().any(|r| r.starts_with("tiny,fgd,1.3,2,18,")));
     assert_eq!(rows[0].split(',').count(), 5 + 131);
 
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let items = json.as_array().unwrap();
-    assert_eq!(items.len(), 7);
+    assert_eq!(items.len(), Policy::ALL.len());
     for it in items {
         assert_eq!(it["trace"], "tiny");
         assert_eq!(it["seeds"], serde_json::json!([1, 2, 3]));
@@ -376,7 +376,9 @@ fn cli_writes_csv_summary_json_and_svg() {
             "gpu-packing",
             "gpu-clustering",
             "fgd",
-            "ours"
+            "ours",
+            "fgd-live",
+            "ours-live"
         ]
     );
 
@@ -384,8 +386,8 @@ fn cli_writes_csv_summary_json_and_svg() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(
         svg.matches("<polyline").count(),
-        7 * 2,
-        "two panels of seven policies"
+        Policy::ALL.len() * 2,
+        "two panels of every policy"
     );
 }
 
