@@ -18,7 +18,15 @@ const NODES: usize = 5000;
 const GPUS: u32 = 8;
 
 fn cluster() -> (AppState, Vec<String>) {
-    let s = AppState::new(Settings::default(), None);
+    // Every fitting node passes and prioritize scores them all: the heavier of the two modes
+    // (with `choose_node` kube-scheduler gets one node and skips prioritize).
+    let s = AppState::new(
+        Settings {
+            choose_node: false,
+            ..Settings::default()
+        },
+        None,
+    );
     let hb = vgpu_core::time::format_rfc3339(unix_now());
     let mut names = Vec::with_capacity(NODES);
     {

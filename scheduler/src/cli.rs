@@ -54,6 +54,11 @@ pub struct Cli {
     /// pods.
     #[arg(long, env = "VGPU_SCHEDULER_TYPICAL_PODS")]
     pub typical_pods: Option<PathBuf>,
+    /// Filter passes only the best node for a vGPU pod (highest score of its node policy, then
+    /// the smallest name), so the policy decides where the pod goes, as in HAMi. `false`: pass
+    /// every node that fits and let kube-scheduler choose by its own scores (random on ties).
+    #[arg(long, env = "VGPU_SCHEDULER_CHOOSE_NODE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub choose_node: bool,
     /// Leave out nodes whose device-plugin heartbeat is older than this many seconds.
     #[arg(long, env = "VGPU_SCHEDULER_HEARTBEAT_TIMEOUT", default_value_t = 120)]
     pub heartbeat_timeout_seconds: u64,
@@ -147,6 +152,7 @@ impl Cli {
                 Some(p) => Some(crate::typical::load(p)?),
                 None => None,
             },
+            choose_node: self.choose_node,
         })
     }
 }
@@ -212,6 +218,7 @@ mod tests {
             "--scheduler-name=vgpu-scheduler",
             "--node-policy=binpack",
             "--gpu-policy=spread",
+            "--choose-node=true",
         ])
         .unwrap();
         assert_eq!(cli.metrics_listen.port(), 9395);
@@ -221,11 +228,14 @@ mod tests {
             (Policy::Binpack, Policy::Spread)
         );
         assert_eq!(s.request_policy, RequestPolicy::default());
+        assert!(s.choose_node);
         assert_eq!(cli.tls(), None);
         let (api, metrics) = cli.limits();
         assert_eq!(api.header_read_timeout, Duration::from_secs(10));
         assert_eq!(api.idle_timeout, Duration::from_secs(90));
         assert_eq!((api.max_body, metrics.max_body), (64 << 20, 64 * 1024));
+        let off = Cli::try_parse_from(["vgpu-scheduler", "--choose-node=false"]).unwrap();
+        assert!(!off.settings().unwrap().choose_node);
         let e = Cli::try_parse_from(["vgpu-scheduler", "--node-policy=fgd"]).unwrap_err();
         assert!(
             e.to_string()

@@ -46,8 +46,13 @@ pub struct Settings {
     pub assume_ttl: Duration,
     /// The kube-scheduler profile this extender serves (for logs).
     pub scheduler_name: String,
-    /// The `fragmentation` policy's typical pods from a file; `None`: from the placed pods.
+    /// The `fragmentation` and `gap-aware` policies' typical pods from a file; `None`: from the
+    /// placed pods.
     pub typical_pods: Option<LiveFrag>,
+    /// Filter passes only the best node for a vGPU pod (highest score, then the smallest name),
+    /// so the pod's policy decides where it goes, as in HAMi and the simulator; `false` passes
+    /// every node that fits and leaves the choice to kube-scheduler's scores and random ties.
+    pub choose_node: bool,
 }
 
 impl Default for Settings {
@@ -60,7 +65,27 @@ impl Default for Settings {
             assume_ttl: Duration::from_secs(300),
             scheduler_name: "vgpu-scheduler".into(),
             typical_pods: None,
+            choose_node: true,
         }
+    }
+}
+
+/// Keeps only the best of the passing nodes: the highest score, ties to the smallest name (the
+/// simulator's and the published FGD simulator's rule; kube-scheduler's own tie-break is random,
+/// which spreads pods that a packing policy scores alike).
+fn keep_best(passed: &mut Vec<&str>, scores: &mut Vec<u32>) {
+    let best = (0..passed.len()).reduce(|b, i| {
+        if scores[i] > scores[b] || (scores[i] == scores[b] && passed[i] < passed[b]) {
+            i
+        } else {
+            b
+        }
+    });
+    if let Some(b) = best {
+        passed.swap(0, b);
+        scores.swap(0, b);
+        passed.truncate(1);
+        scores.truncate(1);
     }
 }
 
@@ -333,7 +358,11 @@ impl AppState {
             },
             |n, why| result.failed_nodes.insert(n.to_string(), why.to_string()),
         );
+        if self.settings.choose_node {
+            keep_best(&mut passed, &mut scores);
+        }
         if let Some(list) = &args.nodes {
+            // `passed` is in list order (the best node alone when choosing).
             let mut i = 0;
             let mut items = Vec::with_capacity(passed.len());
             for item in &list.items {
@@ -413,12 +442,15 @@ impl AppState {
                     &names,
                     now,
                     |n, score| {
-                        passing(&mut out, n);
                         passed.push(n);
                         scores.push(score);
                     },
                     &mut fail,
                 );
+                if self.settings.choose_node {
+                    keep_best(&mut passed, &mut scores);
+                }
+                passed.iter().for_each(|n| passing(&mut out, n));
                 if let Some(uid) = pod.uid() {
                     self.remember(uid, Memo::new(req, generation, &passed, scores));
                 }
@@ -1140,6 +1172,107 @@ mod tests {
         let (_, v) = call(extender_app(s.clone()), "/prioritize", body).await;
         let score = |i: usize| v[i]["score"].as_i64().unwrap();
         (score(0), score(1))
+    }
+
+    /// With `choose_node` (the default) filter passes only the best node: the highest score, then
+    /// the smallest name whatever the order kube-scheduler sends; without it, every node that
+    /// fits. Both the JSON path and the whole-`nodes` path.
+    #[tokio::test]
+    async fn filter_chooses_the_best_node_unless_told_not_to() {
+        let setup = |choose_node: bool| {
+            let s = Arc::new(AppState::new(
+                Settings {
+                    choose_node,
+                    ..Settings::default()
+                },
+                None,
+            ));
+            let hb = vgpu_core::time::format_rfc3339(unix_now());
+            for node in ["n-b", "n-a", "n-used", "n-full"] {
+                let uuid = format!("GPU-{node}");
+                let inv = inventory(&[(&uuid, 10000)]);
+                write(&s.cluster).apply_node(node, Some(&inv), Some(&hb));
+                let used = match node {
+                    "n-used" => 4000,
+                    "n-full" => 9000,
+                    _ => continue,
+                };
+                write(&s.cluster).apply_pod(
+                    &format!("u-{node}"),
+                    Some(node),
+                    Some(vgpu_core::assignment::PodAssignment::new(
+                        node,
+                        vec![vgpu_core::assignment::ContainerAssignment {
+                            name: "c".into(),
+                            devices: vec![vgpu_core::assignment::DeviceSlice {
+                                uuid,
+                                memory_mib: used,
+                                cores: 10,
+                            }],
+                        }],
+                    )),
+                    false,
+                );
+            }
+            s
+        };
+        let filter = |s: &Arc<AppState>, mib: u32, names: &[&str], whole: bool| {
+            let p = pod(json!({"nvidia.com/gpumem": mib.to_string()}));
+            let args = if whole {
+                let items: Vec<Value> = names
+                    .iter()
+                    .map(|n| json!({"metadata": {"name": n}}))
+                    .collect();
+                json!({"pod": p, "nodes": {"metadata": {}, "items": items}})
+            } else {
+                json!({"pod": p, "nodenames": names})
+            };
+            let app = extender_app(s.clone());
+            async move {
+                let (_, r) = call(app, "/filter", args).await;
+                if whole {
+                    let names: Vec<Value> = r["nodes"]["items"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|i| i["metadata"]["name"].clone())
+                        .collect();
+                    (Value::Array(names), r)
+                } else {
+                    (r["nodenames"].clone(), r)
+                }
+            }
+        };
+        let on = setup(true);
+        let all = ["n-b", "n-full", "n-a", "n-used"];
+        for whole in [false, true] {
+            // Binpack: n-used is the fullest that still fits 2000 MiB (n-full has 1000 left).
+            let (names, r) = filter(&on, 2000, &all, whole).await;
+            assert_eq!(names, json!(["n-used"]), "{r}");
+            assert!(r["failedNodes"]["n-full"].is_string(), "{r}");
+            // 7000 MiB fits only the idle cards, equal scores: the smaller name, in any order.
+            let (names, _) = filter(&on, 7000, &all, whole).await;
+            assert_eq!(names, json!(["n-a"]));
+            let (names, _) = filter(&on, 7000, &["n-a", "n-b"], whole).await;
+            assert_eq!(names, json!(["n-a"]));
+            // Nothing fits: nothing passes, every node says why.
+            let (names, r) = filter(&on, 20000, &all, whole).await;
+            assert_eq!(names, json!([]));
+            assert_eq!(r["failedNodes"].as_object().unwrap().len(), 4);
+        }
+        let off = setup(false);
+        for whole in [false, true] {
+            let (names, _) = filter(&off, 2000, &all, whole).await;
+            assert_eq!(names, json!(["n-b", "n-a", "n-used"]));
+        }
+        // A pod without vGPU passes every node either way.
+        let (_, r) = call(
+            extender_app(on),
+            "/filter",
+            json!({"pod": pod(json!({})), "nodenames": all}),
+        )
+        .await;
+        assert_eq!(r["nodenames"], json!(all));
     }
 
     /// `fragmentation` through the extender's JSON: with a typical workload of half-card pods, a

@@ -692,6 +692,8 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     .unwrap();
     assert_eq!(sched_cfg["profiles"][0]["schedulerName"], "vgpu-scheduler");
     assert_eq!(sched_cfg["leaderElection"]["leaderElect"], true);
+    // The extender sees every fitting node, and (chooseNode) passes only its policy's best.
+    assert_eq!(sched_cfg["percentageOfNodesToScore"], 100);
     let managed: Vec<&str> = sched_cfg["extenders"][0]["managedResources"]
         .as_array()
         .unwrap()
@@ -717,6 +719,10 @@ fn chart_renders_and_wires_up_for_every_values_set() {
         .to_string();
     assert!(
         extender.contains(&format!("--listen=127.0.0.1:{port}")),
+        "{extender:?}"
+    );
+    assert!(
+        extender.contains(&"--choose-node=true".to_string()),
         "{extender:?}"
     );
     let webhook_cfg = chart.get("ConfigMap", "vgpu-webhook")["data"]["config.yaml"]
@@ -1044,6 +1050,10 @@ fn chart_refuses_values_that_cannot_work() {
         (
             "scheduler.extender.gpuPolicy=foo",
             "scheduler.extender.gpuPolicy must be one of",
+        ),
+        (
+            "scheduler.extender.chooseNode=yes",
+            "scheduler.extender.chooseNode must be true or false",
         ),
         (
             "webhook.idleTimeout=1h",

@@ -100,6 +100,9 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- fail (printf "scheduler.extender.%s must be one of %s, not %q" $key (join ", " $policies) $p) -}}
 {{- end -}}
 {{- end -}}
+{{- if not (kindIs "bool" .Values.scheduler.extender.chooseNode) -}}
+{{- fail (printf "scheduler.extender.chooseNode must be true or false, not %v" .Values.scheduler.extender.chooseNode) -}}
+{{- end -}}
 {{- range $key := list "headerReadTimeout" "bodyReadTimeout" "idleTimeout" -}}
 {{- $v := toString (index $.Values.webhook $key) -}}
 {{- if or (not (regexMatch "^[0-9]+(ms|s|m)?$" $v)) (regexMatch "^0+(ms|s|m)?$" $v) -}}
