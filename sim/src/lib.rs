@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pub use policy::Policy;
-pub use run::{simulate, simulate_with, RunResult};
+pub use run::{simulate, simulate_with, RunOptions, RunResult, Ties};
 pub use workload::{Cluster, Trace};
 
 /// Parse a seed list: `42`, `42-51`, `1,2,7-9`.
@@ -63,10 +63,18 @@ pub fn run_all(
     tune: f64,
     threads: usize,
 ) -> Vec<RunResult> {
-    run_all_with(cluster, traces, policies, seeds, tune, threads, true)
+    run_all_with(
+        cluster,
+        traces,
+        policies,
+        seeds,
+        tune,
+        threads,
+        RunOptions::default(),
+    )
 }
 
-/// [`run_all`] with the score cache on or off (see [`simulate_with`]).
+/// [`run_all`] with [`RunOptions`] (see [`simulate_with`]).
 pub fn run_all_with(
     cluster: &Cluster,
     traces: &[Trace],
@@ -74,7 +82,7 @@ pub fn run_all_with(
     seeds: &[u64],
     tune: f64,
     threads: usize,
-    score_cache: bool,
+    opts: RunOptions,
 ) -> Vec<RunResult> {
     let capacity = cluster.gpu_capacity();
     let mut jobs = Vec::new();
@@ -98,15 +106,7 @@ pub fn run_all_with(
                 let Some(&(t, p, seed, w)) = jobs.get(j) else {
                     break;
                 };
-                let r = simulate_with(
-                    cluster,
-                    &traces[t],
-                    &workloads[w].1,
-                    p,
-                    seed,
-                    tune,
-                    score_cache,
-                );
+                let r = simulate_with(cluster, &traces[t], &workloads[w].1, p, seed, tune, opts);
                 if let Ok(mut s) = slots.lock() {
                     s[j] = Some(r);
                 }

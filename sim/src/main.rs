@@ -30,7 +30,7 @@ struct Args {
     trace: Vec<String>,
 
     /// Policies, comma-separated, or `all`: random, dotprod, bestfit, gpu-packing,
-    /// gpu-clustering, fgd, ours.
+    /// gpu-clustering, fgd, ours, fgd-live, ours-live.
     #[arg(long, default_value = "all")]
     policy: String,
 
@@ -66,9 +66,21 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
 
+    /// Which of the best-scored nodes a pod goes to: `name` (the smallest name, as the published
+    /// simulator and the extender with --choose-node) or `random` (as kube-scheduler).
+    #[arg(long, value_enum, default_value = "name")]
+    ties: TiesArg,
+
     /// Rescore every node for every pod (benchmark baseline for the score cache).
     #[arg(long, hide = true)]
     no_score_cache: bool,
+}
+
+/// `--ties` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum TiesArg {
+    Name,
+    Random,
 }
 
 fn svg_path(base: &Path, trace: &str, several: bool) -> PathBuf {
@@ -129,7 +141,13 @@ fn main() -> Result<()> {
         &seeds,
         args.tune,
         threads,
-        !args.no_score_cache,
+        vgpu_sim::RunOptions {
+            score_cache: !args.no_score_cache,
+            ties: match args.ties {
+                TiesArg::Name => vgpu_sim::Ties::Name,
+                TiesArg::Random => vgpu_sim::Ties::Random,
+            },
+        },
     );
     let elapsed = start.elapsed();
 

@@ -50,6 +50,37 @@ pub fn points(tune: f64) -> usize {
     (tune * 100.0).round().max(0.0) as usize
 }
 
+/// Which of the nodes with the best score a pod goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ties {
+    /// The smallest node name: the published simulator's rule, and the extender's with
+    /// `--choose-node` (its filter passes only that node).
+    #[default]
+    Name,
+    /// One of them uniformly at random: upstream kube-scheduler's `selectHost`, which the
+    /// extender leaves the choice to with `--choose-node=false` (other score plugins aside).
+    Random,
+}
+
+/// How a run is carried out (results depend only on `ties`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Keep scores per (class, node) until the node changes; off, every node is rescored for
+    /// every pod (for benchmarking the cache; results are identical).
+    pub score_cache: bool,
+    /// The tie rule.
+    pub ties: Ties,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            score_cache: true,
+            ties: Ties::Name,
+        }
+    }
+}
+
 /// Run `policy` on `arrivals` (class indices of `trace`). `seed` drives the random policy's
 /// choices; score ties go to the node with the smallest name.
 pub fn simulate(
@@ -60,11 +91,18 @@ pub fn simulate(
     seed: u64,
     tune: f64,
 ) -> RunResult {
-    simulate_with(cluster, trace, arrivals, policy, seed, tune, true)
+    simulate_with(
+        cluster,
+        trace,
+        arrivals,
+        policy,
+        seed,
+        tune,
+        RunOptions::default(),
+    )
 }
 
-/// [`simulate`], optionally without the per-(class, node) score cache (every node is rescored
-/// for every pod; for benchmarking the cache, results are identical).
+/// [`simulate`] with [`RunOptions`]. Random ties draw from the random policy's stream.
 pub fn simulate_with(
     cluster: &Cluster,
     trace: &Trace,
@@ -72,8 +110,9 @@ pub fn simulate_with(
     policy: Policy,
     seed: u64,
     tune: f64,
-    score_cache: bool,
+    opts: RunOptions,
 ) -> RunResult {
+    let score_cache = opts.score_cache;
     let table = &trace.table;
     let frag_of = |st: &NodeState| match policy {
         Policy::Ours => trace.ours.measure(st.view(), st.mem_left),
@@ -141,6 +180,7 @@ pub fn simulate_with(
         let row = &mut cache[cls_id as usize * n..(cls_id as usize + 1) * n];
         let mut best: Option<(usize, i64, GpuPick)> = None;
         let mut feasible = 0u64;
+        let mut tied = 0u64;
         for (i, node) in nodes.iter().enumerate() {
             let e = &mut row[i];
             if e.version != node.version || !score_cache {
@@ -176,8 +216,23 @@ pub fn simulate_with(
             }
             match best {
                 Some((_, s, _)) if e.score < s => {}
-                Some((b, s, _)) if e.score == s && rank[i] > rank[b] => {}
-                _ => best = Some((i, e.score, e.pick)),
+                Some((b, s, _)) if e.score == s => {
+                    let take = match opts.ties {
+                        Ties::Name => rank[i] < rank[b],
+                        // Reservoir sampling over the nodes tied at the best score so far.
+                        Ties::Random => {
+                            tied += 1;
+                            rng.below(tied) == 0
+                        }
+                    };
+                    if take {
+                        best = Some((i, e.score, e.pick));
+                    }
+                }
+                _ => {
+                    tied = 1;
+                    best = Some((i, e.score, e.pick));
+                }
             }
         }
         let s = &c.shape;

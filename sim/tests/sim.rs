@@ -7,7 +7,7 @@ use std::process::Command;
 
 use vgpu_sim::report::Published;
 use vgpu_sim::trace::{load_nodes, load_pods, pod_list_path, NodeRow, PodRow};
-use vgpu_sim::{simulate, Cluster, Policy, Trace};
+use vgpu_sim::{simulate, simulate_with, Cluster, Policy, RunOptions, Ties, Trace};
 
 fn node(name: &str, gpus: u32, cpu: u64, model: &str) -> NodeRow {
     NodeRow {
@@ -70,6 +70,48 @@ fn whole_gpu_pods_pack_so_the_eight_gpu_pod_fits() {
         .filter(|&s| run(&nodes, &pods, Policy::Random, s).failed > 0)
         .count();
     assert!(lost > 0, "random never blocked the 8-GPU pod in 20 seeds");
+}
+
+/// The tie rule. Four idle 1-GPU nodes and four whole-GPU pods: every move leaves nothing
+/// fragmented, so the extender's scores tie on every node. Ties to the smallest name (the
+/// extender's `--choose-node`) fill the nodes in name order for every seed; kube-scheduler's
+/// random ties do not.
+#[test]
+fn ties_go_to_the_smallest_name_or_at_random() {
+    let nodes: Vec<NodeRow> = (0..4)
+        .map(|i| node(&format!("n{i}"), 1, 8000, "A"))
+        .collect();
+    let pods = vec![pod(1000, 1, 1000); 4];
+    let mut cluster = Cluster::new(&nodes).unwrap();
+    let trace = Trace::new("synthetic", &pods, &mut cluster).unwrap();
+    let placed = |ties: Ties, seed: u64| {
+        let opts = RunOptions {
+            ties,
+            ..RunOptions::default()
+        };
+        let r = simulate_with(
+            &cluster,
+            &trace,
+            &trace.pods,
+            Policy::FgdLive,
+            seed,
+            1.0,
+            opts,
+        );
+        r.placements
+    };
+    let in_order = vec![Some(0), Some(1), Some(2), Some(3)];
+    assert!((0..20).all(|seed| placed(Ties::Name, seed) == in_order));
+    let shuffled = (0..20)
+        .filter(|&seed| placed(Ties::Random, seed) != in_order)
+        .count();
+    assert!(
+        shuffled > 10,
+        "random ties kept name order in {} of 20",
+        20 - shuffled
+    );
+    // Either way every pod is placed.
+    assert!((0..20).all(|seed| placed(Ties::Random, seed).iter().all(Option::is_some)));
 }
 
 /// Two 1-GPU nodes; 600m and 400m shares pair up to fill both GPUs. When both 400s come first,
