@@ -17,12 +17,13 @@ use vgpu_scheduler::server::{unix_now, AppState, Settings};
 const NODES: usize = 5000;
 const GPUS: u32 = 8;
 
-fn cluster() -> (AppState, Vec<String>) {
-    // Every fitting node passes and prioritize scores them all: the heavier of the two modes
-    // (with `choose_node` kube-scheduler gets one node and skips prioritize).
+/// The cluster, served with `choose_node` as given. Without it every fitting node passes and
+/// prioritize scores them all, the heavier mode, which the criterion cases measure; with it (the
+/// default) the filter passes one node, and kube-scheduler skips prioritize for a single node.
+fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
     let s = AppState::new(
         Settings {
-            choose_node: false,
+            choose_node,
             ..Settings::default()
         },
         None,
@@ -135,7 +136,7 @@ fn handlers_json(s: &AppState, filter_body: &[u8], prioritize_body: &[u8], now: 
 }
 
 fn bench(c: &mut Criterion) {
-    let (s, names) = cluster();
+    let (s, names) = cluster(false);
     let now = unix_now();
     let vgpu = args(
         &names,
@@ -184,8 +185,28 @@ fn bench(c: &mut Criterion) {
         .unwrap()
     };
     let (vgpu_p, typed_p) = (p_body(&vgpu), p_body(&typed));
+    // The default mode: the filter passes the best node alone; prioritize (which kube-scheduler
+    // skips for one node) is still timed, over that node.
+    let (chosen, _) = cluster(true);
+    let p_chosen = |a: &ExtenderArgs| {
+        serde_json::to_vec(&ExtenderArgs {
+            pod: a.pod.clone(),
+            nodes: None,
+            nodenames: chosen.filter(a, now).nodenames,
+        })
+        .unwrap()
+    };
+    let (vgpu_c, typed_c) = (p_chosen(&vgpu), p_chosen(&typed));
     type Decide<'a> = Box<dyn Fn() -> usize + 'a>;
-    let cases: [(&str, Decide<'_>); 6] = [
+    let cases: [(&str, Decide<'_>); 8] = [
+        (
+            "choose-node, handlers JSON, 1 GPU 8 GiB 30%",
+            Box::new(|| handlers_json(&chosen, &body, &vgpu_c, now)),
+        ),
+        (
+            "choose-node, handlers JSON, 2 GPUs 25% a100",
+            Box::new(|| handlers_json(&chosen, &typed_body, &typed_c, now)),
+        ),
         (
             "handlers JSON, 1 GPU 8 GiB 30%",
             Box::new(|| handlers_json(&s, &body, &vgpu_p, now)),
