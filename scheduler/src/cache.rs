@@ -205,7 +205,7 @@ pub struct Cluster {
     generation: u64,
     /// Placed containers by (milli-GPU per GPU, GPUs): the typical pods of the live table.
     shape_counts: HashMap<(u32, u32), u64>,
-    /// The fragmentation policy's table from a file.
+    /// The `fragmentation` and `gap-aware` policies' table from a file.
     fixed_frag: Option<LiveFrag>,
     /// The table from `shape_counts`, built when first needed after a change (a relist of
     /// thousands of pods then builds it once, not once per pod).
@@ -387,14 +387,14 @@ impl Cluster {
         self.generation
     }
 
-    /// Uses this typical-pod table for the `fragmentation` policies instead of the one built from
+    /// Uses this typical-pod table for the `fragmentation` and `gap-aware` policies instead of the one built from
     /// the placed pods (`None`: back to the placed pods).
     pub fn set_typical_pods(&mut self, table: Option<LiveFrag>) {
         self.fixed_frag = table;
         self.generation += 1;
     }
 
-    /// The table the `fragmentation` policies use, when it knows any GPU pod.
+    /// The table the `fragmentation` and `gap-aware` policies use, when it knows any GPU pod.
     pub fn typical_pods(&self) -> Option<&LiveFrag> {
         self.frag()
     }
@@ -1045,6 +1045,42 @@ mod tests {
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         c.assume("u5", "n1", &mib(6144), NOW, t0).unwrap();
         assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 6144);
+    }
+
+    /// `gap-aware` prices solved for one live table carry over to the next while the share mix
+    /// stays close (a burst of binds solves the LP once), and are solved again when it moves.
+    #[test]
+    fn gap_prices_carry_over_while_the_placed_mix_stays_close() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        let gpus: Vec<(String, u64)> = (0..40).map(|i| (format!("GPU-{i}"), 10000)).collect();
+        let gpu_refs: Vec<(&str, u64)> = gpus.iter().map(|(u, m)| (u.as_str(), *m)).collect();
+        c.apply_node("n1", Some(&inventory(&gpu_refs)), Some(&hb));
+        let place = |c: &mut Cluster, i: usize, mib: u64| {
+            c.apply_pod(
+                &format!("u{i}"),
+                Some("n1"),
+                Some(assignment("n1", &format!("GPU-{i}"), mib)),
+                false,
+            );
+        };
+        // Ten 40 % and ten 60 % pods; the prices are solved on first use.
+        for i in 0..20 {
+            place(&mut c, i, if i % 2 == 0 { 4000 } else { 6000 });
+        }
+        let t = c.typical_pods().unwrap();
+        assert!(!t.gaps_solved());
+        let prices = t.gaps().clone();
+        // One more 40 % pod: a new table, the same prices without a solve.
+        place(&mut c, 20, 4000);
+        let t = c.typical_pods().unwrap();
+        assert!(t.gaps_solved());
+        assert_eq!(t.gaps(), &prices);
+        // Ten more 40 % pods move the mix past 1.25x: solved again.
+        for i in 21..31 {
+            place(&mut c, i, 4000);
+        }
+        assert!(!c.typical_pods().unwrap().gaps_solved());
     }
 
     /// The typical-pod table follows the placed pods (shapes from their assignments on the

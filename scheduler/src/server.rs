@@ -1260,6 +1260,30 @@ mod tests {
             assert_eq!(names, json!([]));
             assert_eq!(r["failedNodes"].as_object().unwrap().len(), 4);
         }
+        // Prioritize after a choosing filter: over the chosen node (the filter's memo), and over
+        // any other list (computed): the chosen node's score is the best of them.
+        let p = pod(json!({"nvidia.com/gpumem": "2000"}));
+        let (names, _) = filter(&on, 2000, &all, false).await;
+        let (_, one) = call(
+            extender_app(on.clone()),
+            "/prioritize",
+            json!({"pod": p, "nodenames": names}),
+        )
+        .await;
+        let (_, every) = call(
+            extender_app(on.clone()),
+            "/prioritize",
+            json!({"pod": p, "nodenames": all}),
+        )
+        .await;
+        let best = every
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["score"].as_i64().unwrap())
+            .max();
+        assert_eq!(one[0]["host"], "n-used", "{one}");
+        assert_eq!(one[0]["score"].as_i64(), best, "{one} {every}");
         let off = setup(false);
         for whole in [false, true] {
             let (names, _) = filter(&off, 2000, &all, whole).await;

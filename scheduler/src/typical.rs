@@ -1,4 +1,4 @@
-//! The typical-pod table of the `fragmentation` policy, from a file (`--typical-pods`) instead of
+//! The typical-pod table of the `fragmentation` and `gap-aware` policies, from a file (`--typical-pods`) instead of
 //! the placed pods.
 //!
 //! The file is a JSON list of pod shapes with relative counts, e.g. a workload where most pods take

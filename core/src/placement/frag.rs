@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::sync::OnceLock;
 
-use super::gaps::{bucket, gap_prices, GapPrices, WASTE_WEIGHT};
+use super::gaps::{bucket, gap_prices_within, GapPrices, LIVE_MAX_SIZES, WASTE_WEIGHT};
 use super::{permille, GpuHot, Scratch};
 use crate::request::VgpuRequest;
 
@@ -328,20 +328,23 @@ pub struct LiveFrag {
     groups: Vec<(u32, u32, f64)>,
     cpu_only: f64,
     /// The `gap-aware` policy's prices of the one-GPU share shapes, solved when first needed
-    /// (0.05-0.4 ms; tables that only `fragmentation` reads never pay it), with the share
-    /// weights they were solved for.
+    /// (at most [`LIVE_MAX_SIZES`] sizes, under 1 ms; tables that only `fragmentation`
+    /// reads never pay it), with the share weights they were solved for.
     gaps: OnceLock<(Vec<(u32, f64)>, GapPrices)>,
 }
 
-/// Tables are equal when their typical pods are (the prices follow from those).
+/// Tables are equal when their typical pods are. The prices are left out: they follow from the
+/// typical pods, except that a table may carry prices reused from a close earlier mix
+/// ([`LiveFrag::reuse_gaps_from`]).
 impl PartialEq for LiveFrag {
     fn eq(&self, other: &LiveFrag) -> bool {
         self.groups == other.groups && self.cpu_only == other.cpu_only
     }
 }
 
-/// Weights are probabilities; the LP wants pod counts (it caps a pattern's copies of a size at
-/// its count), so each weight counts as this many pods.
+/// Weights are probabilities; the LP wants pod counts, so each weight counts as this many pods.
+/// The LP caps a pattern's copies of a size at its count; at this scale no cap binds (a weight
+/// would have to be under 1e-3), as in a long trace, so live prices are those of the mix.
 const GAP_WEIGHT_PODS: f64 = 1e6;
 
 /// How far (as a ratio) a share size's weight may move before the prices are solved again.
@@ -448,19 +451,31 @@ impl LiveFrag {
                     .iter()
                     .map(|&(m, w)| (m, (w * GAP_WEIGHT_PODS).round().max(1.0) as u64))
                     .collect();
-                let prices = gap_prices(&pods);
+                let prices = gap_prices_within(&pods, LIVE_MAX_SIZES);
                 (basis, prices)
             })
             .1
     }
 
-    /// (milli, weight) of the one-GPU share shapes, ascending.
+    /// Whether this table's `gap-aware` prices are solved (or reused) yet.
+    pub fn gaps_solved(&self) -> bool {
+        self.gaps.get().is_some()
+    }
+
+    /// (milli, weight) of the one-GPU share shapes, ascending, weights summing to 1 over them
+    /// (the LP's prices depend only on the share mix, not on how many other pods there are).
     fn share_weights(&self) -> Vec<(u32, f64)> {
-        self.groups
+        let shares: Vec<(u32, f64)> = self
+            .groups
             .iter()
             .filter(|g| g.1 == 1 && g.0 < MILLI)
             .map(|g| (g.0, g.2))
-            .collect()
+            .collect();
+        let total: f64 = shares.iter().map(|s| s.1).sum();
+        if total <= 0.0 {
+            return shares;
+        }
+        shares.into_iter().map(|(m, w)| (m, w / total)).collect()
     }
 
     /// Takes `old`'s solved prices when this table has the same one-GPU share sizes, each
@@ -534,7 +549,7 @@ impl LiveFrag {
             after[i] = Self::left_of(&gpus[i], &state[i].with(&gpus[i], r));
             let step = self.gap_step(m_before, before, after);
             after[i] = before[i];
-            c.0 = (step + (1i64 << 40)).max(0) as u64;
+            c.0 = step.saturating_add(1 << 40).max(0) as u64;
         }
     }
 
@@ -749,6 +764,17 @@ mod tests {
         let mut other = live(&[(600, 20), (400, 10), (300, 1)]);
         other.reuse_gaps_from(&solved);
         assert!(other.gaps.get().is_none());
+        // Whole-GPU pods joining the mix do not move the share mix: reused.
+        let mut with_whole = LiveFrag::new(&typical_pods(
+            [
+                (shape(0, 600, 1), 20),
+                (shape(0, 400, 1), 10),
+                (shape(0, 1000, 1), 30),
+            ],
+            100.0,
+        ));
+        with_whole.reuse_gaps_from(&solved);
+        assert_eq!(with_whole.gaps.get().map(|g| &g.1), Some(&prices));
         let mut from_unsolved = live(&[(600, 20), (400, 10)]);
         from_unsolved.reuse_gaps_from(&live(&[(600, 20), (400, 10)]));
         assert!(from_unsolved.gaps.get().is_none());

@@ -1011,8 +1011,8 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     buf: &mut PlaceBuf,
     frag: Option<&frag::LiveFrag>,
 ) -> Result<u32, Miss> {
-    // The table is only read under a fragmentation policy (the cluster hands it over whenever it
-    // knows a GPU pod).
+    // The table is only read under `fragmentation` or `gap-aware` (the cluster hands it over
+    // whenever it knows a GPU pod).
     let frag_used = frag.is_some() && (pod.node_policy.uses_table() || pod.gpu_policy.uses_table());
     if !frag_used && !pod.filter.typed() && !pod.filter.uuids() {
         if let [c] = pod.containers.as_slice() {

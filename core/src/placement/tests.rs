@@ -711,6 +711,36 @@ fn gap_measure_and_steps() {
     assert_eq!(frag_table(&[(600, 1, 20), (400, 1, 10)]), t);
 }
 
+/// Without any share shape among the typical pods the prices say nothing (`W = 0`): `gap-aware`
+/// then ranks nodes by fragmentation's steps, not all alike.
+#[test]
+fn gap_aware_without_share_shapes_follows_fragmentation() {
+    let t = frag_table(&[(1000, 1, 10), (1000, 2, 5)]);
+    assert!(t.gaps().unusable.iter().all(|&u| u == 0.0));
+    let mut p = milli_pod(1000);
+    let scores = |policy: Policy, p: &mut PodRequest| -> Vec<u32> {
+        p.node_policy = policy;
+        [
+            &[0, 0, 0, 0][..],
+            &[0, 1000, 1000, 1000],
+            &[0, 0, 1000, 1000],
+        ]
+        .iter()
+        .map(|used| place_scored_with(&milli_node(used), p, Some(&t)).unwrap().1)
+        .collect()
+    };
+    let frag = scores(Policy::Fragmentation, &mut p);
+    let gaps = scores(Policy::GapAware, &mut p);
+    assert!(gaps.iter().any(|&s| s != gaps[0]), "{gaps:?}");
+    // The same order of preference as fragmentation.
+    let order = |v: &[u32]| {
+        let mut i: Vec<usize> = (0..v.len()).collect();
+        i.sort_by_key(|&k| std::cmp::Reverse(v[k]));
+        i
+    };
+    assert_eq!(order(&gaps), order(&frag), "{gaps:?} vs {frag:?}");
+}
+
 #[test]
 fn policy_names() {
     for p in [
