@@ -176,7 +176,7 @@ pub fn codecs(data: &[u8]) {
     assert_eq!(largest, want);
     // The scheduler takes the text as a node's inventory and heartbeat, and as the assignment of
     // a pod placed on the fixed cluster's big node; every node still gets a decision.
-    let state = scheduler_state();
+    let state = scheduler_state(false);
     {
         let mut cluster = state.cluster.write().unwrap_or_else(|p| p.into_inner());
         cluster.apply_node("fuzzed", Some(s), Some(s));
@@ -308,7 +308,66 @@ pub fn extender(data: &[u8]) {
     let Ok(args) = serde_json::from_slice::<ExtenderArgs>(data) else {
         return;
     };
-    check_filter(&scheduler_state(), &args);
+    check_filter(&scheduler_state(false), &args);
+    check_choose(&scheduler_state(false), &scheduler_state(true), &args);
+}
+
+/// The default `choose_node` filter against the every-node one on the same cluster: the same
+/// failures; for a vGPU pod one passing node, one with the best score (the smallest name among
+/// equals); for any other pod the same nodes.
+fn check_choose(every: &SchedulerState, choose: &SchedulerState, args: &ExtenderArgs) {
+    let now = NOW_SECS;
+    let (all, one) = (every.filter(args, now), choose.filter(args, now));
+    assert_eq!(one.failed_nodes, all.failed_nodes);
+    assert_eq!(
+        one.failed_and_unresolvable_nodes,
+        all.failed_and_unresolvable_nodes
+    );
+    assert_eq!(one.error, all.error);
+    let names = |r: &vgpu_scheduler::extender::ExtenderFilterResult| -> Vec<String> {
+        match (&r.nodenames, &r.nodes) {
+            (Some(n), _) => n.clone(),
+            (None, Some(l)) => l
+                .items
+                .iter()
+                .filter_map(node_name)
+                .map(str::to_string)
+                .collect(),
+            (None, None) => Vec::new(),
+        }
+    };
+    let (all_names, one_names) = (names(&all), names(&one));
+    let Some(pod) = &args.pod else { return };
+    let req = match vgpu_scheduler::pod::pod_request(
+        pod,
+        &choose.settings.request_policy,
+        choose.settings.node_policy,
+        choose.settings.gpu_policy,
+    ) {
+        Ok(Some(req)) => req,
+        _ => {
+            assert_eq!(one_names, all_names);
+            return;
+        }
+    };
+    assert_eq!(
+        one_names.len(),
+        all_names.len().min(1),
+        "{one_names:?} of {all_names:?}"
+    );
+    let Some(chosen) = one_names.first() else {
+        return;
+    };
+    assert!(all_names.contains(chosen));
+    let cluster = choose.cluster.read().unwrap_or_else(|p| p.into_inner());
+    let score = |n: &str| cluster.score(n, &req, now).unwrap_or(0);
+    for n in &all_names {
+        let (s, c) = (score(n), score(chosen));
+        assert!(
+            s < c || (s == c && chosen <= n),
+            "{chosen} ({c}) chosen over {n} ({s})"
+        );
+    }
 }
 
 fn check_filter(state: &SchedulerState, args: &ExtenderArgs) {
@@ -442,8 +501,12 @@ fn big_inventory() -> String {
 /// The scheduler's fixed cluster: `big` (two 80 GiB cards, one slice placed), `small` (one T4,
 /// two slices), `stale` (old heartbeat), `broken` (unreadable inventory), `sick` (unhealthy card).
 /// Fresh for every input, so one input's filter cannot change the next one's prioritize.
-fn scheduler_state() -> SchedulerState {
-    let state = SchedulerState::new(SchedulerSettings::default(), None);
+fn scheduler_state(choose_node: bool) -> SchedulerState {
+    let settings = SchedulerSettings {
+        choose_node,
+        ..SchedulerSettings::default()
+    };
+    let state = SchedulerState::new(settings, None);
     let fresh = format_rfc3339(NOW_SECS - 10);
     {
         let mut c = state.cluster.write().unwrap_or_else(|p| p.into_inner());
