@@ -18,7 +18,9 @@
 //! share a GPU (within its limits) but one container never holds the same GPU twice.
 //!
 //! Policies (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`, HAMi-compatible):
-//! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used.
+//! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used; with a table of
+//! typical pods, `fragmentation` (FGD, [`frag`]) and `gap-aware` (FGD plus LP-priced gaps,
+//! [`gaps`]) score what the typical pods could still use after the move.
 
 pub mod frag;
 pub mod gaps;
