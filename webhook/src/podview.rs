@@ -10,7 +10,7 @@
 //!   first. It takes only well-formed pods: each field it reads has the type a valid Pod gives it,
 //!   and no key it reads is repeated. On anything else it fails, and the caller falls back to the
 //!   `Value` read, so that odd bodies are answered exactly as before. Everything it skips is
-//!   checked the way `Value` checks it ([`Skip`]: string escapes and UTF-8, number range, depth),
+//!   checked the way `Value` checks it (`Skip`: string escapes and UTF-8, number range, depth),
 //!   so a body is taken here only if the `Value` read takes it too.
 //!
 //! Resource maps are kept sorted by name, the order a `Value` map has, so the two reads give equal

@@ -196,8 +196,8 @@ impl Gpu {
         self.cores.saturating_sub(self.used_cores)
     }
 
-    /// The fields placement reads for every candidate, packed; `model_key` is
-    /// [`GpuSet::model_key`] for this GPU within its node.
+    /// The fields placement reads for every candidate, packed; its [`GpuHot::model_key`] is this
+    /// GPU's model key within its node.
     pub fn hot(&self) -> GpuHot {
         let mut h = GpuHot {
             memory_mib: self.memory_mib,

@@ -90,7 +90,7 @@ pub struct Sample {
 
 impl Sample {
     /// Percent of the time since the previous sample that the device was busy; the previous
-    /// value when that was less than [`MIN_SAMPLE_NS`] ago.
+    /// value when that was less than `MIN_SAMPLE_NS` ago.
     pub fn update(&mut self, now_ns: u64, busy_ns: u64) -> u32 {
         let dt = now_ns.saturating_sub(self.at_ns);
         if dt >= MIN_SAMPLE_NS {
