@@ -176,27 +176,20 @@ fn bench(c: &mut Criterion) {
 
     // The tail: single decisions, one after another on this thread.
     let typed_body = serde_json::to_vec(&typed).unwrap();
-    let p_body = |a: &ExtenderArgs| {
+    // The prioritize body kube-scheduler sends after `state`'s filter: the nodes that passed.
+    let p_body = |state: &AppState, a: &ExtenderArgs| {
         serde_json::to_vec(&ExtenderArgs {
             pod: a.pod.clone(),
             nodes: None,
-            nodenames: s.filter(a, now).nodenames,
+            nodenames: state.filter(a, now).nodenames,
         })
         .unwrap()
     };
-    let (vgpu_p, typed_p) = (p_body(&vgpu), p_body(&typed));
+    let (vgpu_p, typed_p) = (p_body(&s, &vgpu), p_body(&s, &typed));
     // The default mode: the filter passes the best node alone; prioritize (which kube-scheduler
     // skips for one node) is still timed, over that node.
     let (chosen, _) = cluster(true);
-    let p_chosen = |a: &ExtenderArgs| {
-        serde_json::to_vec(&ExtenderArgs {
-            pod: a.pod.clone(),
-            nodes: None,
-            nodenames: chosen.filter(a, now).nodenames,
-        })
-        .unwrap()
-    };
-    let (vgpu_c, typed_c) = (p_chosen(&vgpu), p_chosen(&typed));
+    let (vgpu_c, typed_c) = (p_body(&chosen, &vgpu), p_body(&chosen, &typed));
     type Decide<'a> = Box<dyn Fn() -> usize + 'a>;
     let cases: [(&str, Decide<'_>); 8] = [
         (

@@ -1126,6 +1126,26 @@ mod tests {
         );
     }
 
+    /// Places a pod `u-<node>` holding `mib` and `cores` of GPU `uuid` on `node`.
+    fn place_slice(s: &AppState, node: &str, uuid: &str, mib: u64, cores: u32) {
+        write(&s.cluster).apply_pod(
+            &format!("u-{node}"),
+            Some(node),
+            Some(vgpu_core::assignment::PodAssignment::new(
+                node,
+                vec![vgpu_core::assignment::ContainerAssignment {
+                    name: "c".into(),
+                    devices: vec![vgpu_core::assignment::DeviceSlice {
+                        uuid: uuid.to_string(),
+                        memory_mib: mib,
+                        cores,
+                    }],
+                }],
+            )),
+            false,
+        );
+    }
+
     /// An extender with nodes `roomy` (an idle 10000 MiB card) and `tight` (that card with
     /// `used` percent taken), and the typical pods of `typical` (the `--typical-pods` JSON).
     fn two_node_state(typical: &[u8], used: u32) -> Arc<AppState> {
@@ -1139,22 +1159,7 @@ mod tests {
             let uuid = format!("GPU-{node}");
             write(&s.cluster).apply_node(node, Some(&inventory(&[(&uuid, 10000)])), Some(&hb));
             if used > 0 {
-                write(&s.cluster).apply_pod(
-                    "u-tight",
-                    Some(node),
-                    Some(vgpu_core::assignment::PodAssignment::new(
-                        node,
-                        vec![vgpu_core::assignment::ContainerAssignment {
-                            name: "c".into(),
-                            devices: vec![vgpu_core::assignment::DeviceSlice {
-                                uuid,
-                                memory_mib: u64::from(used) * 100,
-                                cores: used,
-                            }],
-                        }],
-                    )),
-                    false,
-                );
+                place_slice(&s, node, &uuid, u64::from(used) * 100, used);
             }
         }
         s
@@ -1197,22 +1202,7 @@ mod tests {
                     "n-full" => 9000,
                     _ => continue,
                 };
-                write(&s.cluster).apply_pod(
-                    &format!("u-{node}"),
-                    Some(node),
-                    Some(vgpu_core::assignment::PodAssignment::new(
-                        node,
-                        vec![vgpu_core::assignment::ContainerAssignment {
-                            name: "c".into(),
-                            devices: vec![vgpu_core::assignment::DeviceSlice {
-                                uuid,
-                                memory_mib: used,
-                                cores: 10,
-                            }],
-                        }],
-                    )),
-                    false,
-                );
+                place_slice(&s, node, &uuid, used, 10);
             }
             s
         };

@@ -561,11 +561,16 @@ impl LiveFrag {
         before: &mut Vec<u32>,
         after: &mut Vec<u32>,
     ) -> u32 {
+        Self::fill_move(gpus, state, before, after);
+        let step = self.gap_step(self.gap_measure(before), before, after);
+        Self::gap_score_of_step(step)
+    }
+
+    /// The free milli-GPU per GPU before a placement (`gpus` as they are) and after (`state`).
+    fn fill_move(gpus: &[GpuHot], state: &[Scratch], before: &mut Vec<u32>, after: &mut Vec<u32>) {
         before.clear();
         before.extend(gpus.iter().map(|g| Self::left_of(g, &Scratch::of(g))));
         Self::fill(after, gpus, state);
-        let step = self.gap_step(self.gap_measure(before), before, after);
-        Self::gap_score_of_step(step)
     }
 
     /// The node score 0..=10 for moving from `gpus` as they are to `state` (after placement):
@@ -577,9 +582,7 @@ impl LiveFrag {
         before: &mut Vec<u32>,
         after: &mut Vec<u32>,
     ) -> u32 {
-        before.clear();
-        before.extend(gpus.iter().map(|g| Self::left_of(g, &Scratch::of(g))));
-        Self::fill(after, gpus, state);
+        Self::fill_move(gpus, state, before, after);
         Self::fgd_score_of(self.fragmentation(before), self.fragmentation(after))
     }
 

@@ -324,17 +324,8 @@ fn check_choose(every: &SchedulerState, choose: &SchedulerState, args: &Extender
         all.failed_and_unresolvable_nodes
     );
     assert_eq!(one.error, all.error);
-    let names = |r: &vgpu_scheduler::extender::ExtenderFilterResult| -> Vec<String> {
-        match (&r.nodenames, &r.nodes) {
-            (Some(n), _) => n.clone(),
-            (None, Some(l)) => l
-                .items
-                .iter()
-                .filter_map(node_name)
-                .map(str::to_string)
-                .collect(),
-            (None, None) => Vec::new(),
-        }
+    let names = |r: &vgpu_scheduler::extender::ExtenderFilterResult| {
+        candidate_names(r.nodenames.as_ref(), r.nodes.as_ref())
     };
     let (all_names, one_names) = (names(&all), names(&one));
     let Some(pod) = &args.pod else { return };
@@ -370,9 +361,13 @@ fn check_choose(every: &SchedulerState, choose: &SchedulerState, args: &Extender
     }
 }
 
-fn check_filter(state: &SchedulerState, args: &ExtenderArgs) {
-    let now = NOW_SECS;
-    let names: Vec<String> = match (&args.nodenames, &args.nodes) {
+/// The node names of extender args or a filter result: `nodenames` when given, else the names
+/// of the `nodes` list.
+fn candidate_names(
+    nodenames: Option<&Vec<String>>,
+    nodes: Option<&vgpu_scheduler::extender::NodeList>,
+) -> Vec<String> {
+    match (nodenames, nodes) {
         (Some(n), _) => n.clone(),
         (None, Some(l)) => l
             .items
@@ -381,7 +376,12 @@ fn check_filter(state: &SchedulerState, args: &ExtenderArgs) {
             .map(str::to_string)
             .collect(),
         (None, None) => Vec::new(),
-    };
+    }
+}
+
+fn check_filter(state: &SchedulerState, args: &ExtenderArgs) {
+    let now = NOW_SECS;
+    let names = candidate_names(args.nodenames.as_ref(), args.nodes.as_ref());
     let r = state.filter(args, now);
     if serde_json::to_vec(&r).is_err() {
         panic!("filter result does not serialise");
