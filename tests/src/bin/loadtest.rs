@@ -10,6 +10,8 @@
 //! target/release/vgpu-loadtest --rounds 3 --webhook old/vgpu-webhook --webhook target/release/vgpu-webhook
 //! # latency at a fixed 20k requests/s in all (open loop), below saturation
 //! target/release/vgpu-loadtest --rate 20000 --seconds 10
+//! # what handler CPU alone costs: hello servers that spin, or read the body as JSON, first
+//! target/release/vgpu-loadtest --rounds 3 --baseline plain,spin:2.5,json-skim,json-value
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
@@ -71,16 +73,27 @@ struct Args {
     /// measures the latency of a loaded but not saturated server.
     #[arg(long)]
     rate: Option<f64>,
+    /// Baseline servers, measured in every round before the webhooks; ratios are against the
+    /// first. `plain`: answer at once. `spin:US`: first hold the worker US microseconds (a busy
+    /// loop), as a handler's CPU would. `json-skim`: first check the body is JSON with serde_json,
+    /// building nothing (`IgnoredAny`), the least any reader that refuses malformed JSON must do.
+    /// `json-value`: first parse the body into a `serde_json::Value`. Shows what handler CPU alone,
+    /// with nothing else of the webhook, does to throughput and p99 on this machine.
+    #[arg(long, default_value = "plain", value_delimiter = ',')]
+    baseline: Vec<Baseline>,
     /// Internal: run the baseline hello server with these PEM files.
     #[arg(long, hide = true, num_args = 2, value_names = ["CERT", "KEY"])]
     serve_hello: Option<Vec<PathBuf>>,
+    /// Internal: what the hello server does per request.
+    #[arg(long, hide = true, default_value = "plain")]
+    serve_baseline: Baseline,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(files) = &args.serve_hello {
-        return serve_hello(&files[0], &files[1]);
+        return serve_hello(&files[0], &files[1], args.serve_baseline);
     }
     let dir = tempfile::tempdir()?;
     let pki = TestPki::new(&[]);
@@ -112,9 +125,16 @@ fn main() -> anyhow::Result<()> {
     }
     let mut failed = false;
     for round in 1..=args.rounds.max(1) {
-        let mut hello_cmd = Command::new(&me);
-        hello_cmd.arg("--serve-hello").arg(&cert).arg(&key);
-        let mut servers = vec![("bare rustls hello".to_string(), hello_cmd, "/hello")];
+        let mut servers = Vec::new();
+        for baseline in &args.baseline {
+            let mut hello_cmd = Command::new(&me);
+            hello_cmd
+                .arg("--serve-hello")
+                .arg(&cert)
+                .arg(&key)
+                .arg(format!("--serve-baseline={baseline}"));
+            servers.push((baseline.label(), hello_cmd, "/hello"));
+        }
         for (i, webhook) in webhooks.iter().enumerate() {
             let mut cmd = Command::new(webhook);
             cmd.args(["--listen", "127.0.0.1:0", "--tls-cert"])
@@ -451,8 +471,82 @@ async fn connection(
     (lat, errors)
 }
 
-/// The baseline: TLS like the webhook, HTTP/1.1 keep-alive, read the body, answer a fixed review.
-fn serve_hello(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+/// What a baseline hello server does with each request before it answers (`--baseline`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Baseline {
+    Plain,
+    Spin(Duration),
+    JsonSkim,
+    JsonValue,
+}
+
+impl Baseline {
+    fn label(&self) -> String {
+        match self {
+            Baseline::Plain => "bare rustls hello".to_string(),
+            Baseline::Spin(d) => format!("hello + {} us spin", d.as_secs_f64() * 1e6),
+            Baseline::JsonSkim => "hello + JSON skim".to_string(),
+            Baseline::JsonValue => "hello + JSON Value".to_string(),
+        }
+    }
+
+    /// The work itself; `false` when the body is not JSON (answered 400, like the webhook).
+    fn work(&self, body: &[u8]) -> bool {
+        match self {
+            Baseline::Plain => true,
+            Baseline::Spin(d) => {
+                let begun = Instant::now();
+                while begun.elapsed() < *d {
+                    std::hint::spin_loop();
+                }
+                true
+            }
+            Baseline::JsonSkim => serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok(),
+            Baseline::JsonValue => serde_json::from_slice::<serde_json::Value>(body).is_ok(),
+        }
+    }
+}
+
+impl std::fmt::Display for Baseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Baseline::Plain => f.write_str("plain"),
+            Baseline::Spin(d) => write!(f, "spin:{}", d.as_secs_f64() * 1e6),
+            Baseline::JsonSkim => f.write_str("json-skim"),
+            Baseline::JsonValue => f.write_str("json-value"),
+        }
+    }
+}
+
+impl std::str::FromStr for Baseline {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "plain" => Ok(Baseline::Plain),
+            "json-skim" => Ok(Baseline::JsonSkim),
+            "json-value" => Ok(Baseline::JsonValue),
+            _ => {
+                let us = s
+                    .strip_prefix("spin:")
+                    .and_then(|us| us.parse::<f64>().ok())
+                    .filter(|us| us.is_finite() && *us >= 0.0 && *us <= 1e6)
+                    .ok_or_else(|| {
+                        format!("baseline {s:?}: expected plain, spin:MICROSECONDS (0 to 1e6), json-skim or json-value")
+                    })?;
+                Ok(Baseline::Spin(Duration::from_secs_f64(us / 1e6)))
+            }
+        }
+    }
+}
+
+/// The baseline: TLS like the webhook, HTTP/1.1 keep-alive, read the body, do the `baseline`'s
+/// work with it, answer a fixed review.
+fn serve_hello(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    baseline: Baseline,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let cert_pem = std::fs::read(cert)?;
@@ -474,7 +568,12 @@ fn serve_hello(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<
                 let _ = tcp.set_nodelay(true);
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
                 let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                    let _ = req.into_body().collect().await;
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                    if !baseline.work(&body) {
+                        let mut bad = hyper::Response::new(Full::new(Bytes::from_static(b"not JSON")));
+                        *bad.status_mut() = hyper::StatusCode::BAD_REQUEST;
+                        return Ok::<_, std::convert::Infallible>(bad);
+                    }
                     Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
                         br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"x","allowed":true}}"#,
                     ))))
@@ -483,4 +582,38 @@ fn serve_hello(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<
             });
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baselines_parse_print_and_do_their_work() {
+        for text in ["plain", "spin:2.5", "spin:0", "json-skim", "json-value"] {
+            let b: Baseline = text.parse().unwrap();
+            assert_eq!(b.to_string(), text);
+            assert_eq!(b.to_string().parse::<Baseline>(), Ok(b));
+        }
+        assert_eq!(
+            "spin:3".parse::<Baseline>(),
+            Ok(Baseline::Spin(Duration::from_micros(3)))
+        );
+        for bad in [
+            "", "spin", "spin:", "spin:-1", "spin:NaN", "spin:inf", "json", "Plain",
+        ] {
+            let err = bad.parse::<Baseline>().unwrap_err();
+            assert!(err.contains("expected plain, spin:"), "{bad}: {err}");
+        }
+        let review = br#"{"kind":"AdmissionReview","request":{"uid":"u","object":{"spec":{}}}}"#;
+        for b in [Baseline::JsonSkim, Baseline::JsonValue] {
+            assert!(b.work(review), "{b}");
+            assert!(!b.work(b"{\"kind\":"), "{b}");
+            assert!(!b.work(b"\"\\x\""), "{b}: a bad escape");
+        }
+        assert!(Baseline::Plain.work(b"{"));
+        let begun = Instant::now();
+        assert!(Baseline::Spin(Duration::from_micros(200)).work(b""));
+        assert!(begun.elapsed() >= Duration::from_micros(200));
+    }
 }
