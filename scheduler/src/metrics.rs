@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use crate::cache::Cluster;
+use crate::readiness::{Feed, Readiness};
 
 /// Labels of one extender call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,6 +47,13 @@ pub struct NodeStateLabels {
     pub state: &'static str,
 }
 
+/// Labels of one watch's cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeedLabels {
+    /// `nodes` or `pods` ([`Feed::label`]).
+    pub feed: &'static str,
+}
+
 /// Labels of one GPU.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabels {
@@ -59,6 +67,7 @@ pub struct DeviceLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    cache_synced: Family<FeedLabels, Gauge>,
     calls: Family<CallLabels, Counter>,
     duration: Family<VerbLabels, Histogram>,
     binds: Family<BindLabels, Counter>,
@@ -145,8 +154,15 @@ impl Metrics {
             "Whether the device plugin reports this GPU healthy (1) or not (0)",
             healthy.clone(),
         );
+        let cache_synced = Family::<FeedLabels, Gauge>::default();
+        registry.register(
+            "vgpu_scheduler_cache_synced",
+            "Whether this watch's cache holds a complete LIST since its last failure (1) or not (0); /readyz is 503 while any is 0",
+            cache_synced.clone(),
+        );
         Metrics {
             registry,
+            cache_synced,
             calls,
             duration,
             binds,
@@ -210,6 +226,15 @@ impl Metrics {
         }
     }
 
+    /// Sets `vgpu_scheduler_cache_synced` from the watches' states.
+    pub fn refresh_readiness(&self, readiness: &Readiness) {
+        for feed in Feed::ALL {
+            self.cache_synced
+                .get_or_create(&FeedLabels { feed: feed.label() })
+                .set(i64::from(readiness.synced(feed)));
+        }
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -247,8 +272,13 @@ mod tests {
             Some(&vgpu_core::time::format_rfc3339(100)),
         );
         m.refresh(&c, 100);
+        let readiness = Readiness::default();
+        readiness.listed(Feed::Pods);
+        m.refresh_readiness(&readiness);
         let text = m.encode();
         for want in [
+            "vgpu_scheduler_cache_synced{feed=\"nodes\"} 0",
+            "vgpu_scheduler_cache_synced{feed=\"pods\"} 1",
             "vgpu_scheduler_requests_total{verb=\"filter\",result=\"ok\"} 1",
             "vgpu_scheduler_request_duration_seconds_count{verb=\"filter\"} 1",
             "vgpu_scheduler_binds_total{result=\"bound\"} 1",

@@ -27,6 +27,17 @@ impl Feed {
         }
     }
 
+    /// Both feeds, in the order `/readyz` names them.
+    pub const ALL: [Feed; 2] = [Feed::Nodes, Feed::Pods];
+
+    /// Its value of the `feed` label of `vgpu_scheduler_cache_synced`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Feed::Nodes => "nodes",
+            Feed::Pods => "pods",
+        }
+    }
+
     /// The name `/readyz` and the logs give it.
     pub fn name(self) -> &'static str {
         match self {
@@ -82,11 +93,16 @@ impl Readiness {
         self.with(|f| f.iter().all(|s| s.synced))
     }
 
+    /// Whether `feed` has a complete LIST since its last failure.
+    pub fn synced(&self, feed: Feed) -> bool {
+        self.with(|f| f[feed.index()].synced)
+    }
+
     /// `Ok` when ready, else what `/readyz` answers: each watch that is not synced and why, e.g.
     /// `vGPU pods: watch failed, re-listing (last error: ...)`.
     pub fn check(&self) -> Result<(), String> {
         let feeds = self.with(|f| f.clone());
-        let why: Vec<String> = [Feed::Nodes, Feed::Pods]
+        let why: Vec<String> = Feed::ALL
             .into_iter()
             .zip(feeds)
             .filter(|(_, s)| !s.synced)
@@ -124,8 +140,10 @@ mod tests {
             r.check().unwrap_err(),
             "cache not synced: vGPU pods: not listed since a failure (last error: HTTP 500)"
         );
+        assert!(r.synced(Feed::Nodes) && !r.synced(Feed::Pods));
         r.listed(Feed::Pods);
         assert!(r.ready());
+        assert!(r.synced(Feed::Pods));
         assert_eq!(r.check(), Ok(()));
 
         // A failure before the cache was whole again (a LIST retried) does not unsync a feed

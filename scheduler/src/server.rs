@@ -758,6 +758,7 @@ async fn readyz(State(s): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     s.metrics.refresh(&read(&s.cluster), unix_now());
+    s.metrics.refresh_readiness(&s.readiness);
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let (content_type, body) = exposition::negotiate(accept, s.metrics.encode());
     ([(header::CONTENT_TYPE, content_type)], body).into_response()

@@ -39,6 +39,21 @@ impl Cluster {
         (r.status, String::from_utf8_lossy(&r.body).into_owned())
     }
 
+    /// The replica's `/metrics` text.
+    async fn metrics(&self, replica: usize) -> String {
+        let r = https::request(
+            self.webhooks[replica].1,
+            self.tls.clone(),
+            "GET",
+            "/metrics",
+            vec![],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200);
+        String::from_utf8_lossy(&r.body).into_owned()
+    }
+
     /// Polls `/readyz` until its status is `code`; returns the body.
     async fn wait_readyz(&self, replica: usize, code: u16) -> String {
         vgpu_tests::wait_for_async(T, &format!("/readyz {code}"), || async {
@@ -148,6 +163,15 @@ async fn validate_caches_recover_from_watch_faults_and_readyz_follows() {
             && body.contains("500"),
         "{body}"
     );
+    // The same state as a metric, for alerts: the quota cache alone is out.
+    let text = c.metrics(0).await;
+    for want in [
+        "vgpu_webhook_cache_synced{cache=\"resourcequotas\"} 0",
+        "vgpu_webhook_cache_synced{cache=\"pods\"} 1",
+        "vgpu_webhook_cache_synced{cache=\"nodes\"} 1",
+    ] {
+        assert!(text.contains(want), "missing {want} in\n{text}");
+    }
     c.api.create(quota_in("team-d", "quota-d", 4096)).unwrap();
     let d: Vec<Value> = (0..3)
         .map(|i| pod_in("team-d", &format!("d{i}"), 2048))
@@ -173,6 +197,10 @@ async fn validate_caches_recover_from_watch_faults_and_readyz_follows() {
     );
     c.api.clear_faults();
     c.wait_readyz(0, 200).await;
+    assert!(c
+        .metrics(0)
+        .await
+        .contains("vgpu_webhook_cache_synced{cache=\"resourcequotas\"} 1"));
     c.wait_cache_denies(&pod_in("team-d", "d9", 2048), "quota-d")
         .await;
 

@@ -414,6 +414,16 @@ async fn readyz_follows_the_watches_and_recovers_by_itself() {
     );
     assert!(why.contains("500"), "{why}");
     assert!(!why.contains("nodes"), "{why}");
+    // The same state as a metric, for alerts.
+    let (_, text) = http(s.metrics, "GET", "/metrics", "").await;
+    assert!(
+        text.contains("vgpu_scheduler_cache_synced{feed=\"pods\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vgpu_scheduler_cache_synced{feed=\"nodes\"} 1"),
+        "{text}"
+    );
 
     // Meanwhile the held pod goes away; once the API server is back the watch re-lists by itself
     // and the cache is whole again: ready, and the freed memory is offered.
@@ -423,6 +433,11 @@ async fn readyz_follows_the_watches_and_recovers_by_itself() {
         (http(s.metrics, "GET", "/readyz", "").await.0 == 200).then_some(())
     })
     .await;
+    let (_, text) = http(s.metrics, "GET", "/metrics", "").await;
+    assert!(
+        text.contains("vgpu_scheduler_cache_synced{feed=\"pods\"} 1"),
+        "{text}"
+    );
     api.create(pod("next", 8192)).unwrap();
     let r = s.filter(&api, "next", &["n1"]).await;
     assert_eq!(r["nodenames"], json!(["n1"]), "{r}");

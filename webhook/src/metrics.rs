@@ -8,6 +8,7 @@
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use std::time::Duration;
@@ -37,6 +38,13 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// Labels naming one of the validator's caches.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `resourcequotas`, `pods` or `nodes`.
+    pub cache: &'static str,
+}
+
 /// Every metric of the webhook, and the registry that exposes them.
 #[derive(Debug)]
 pub struct Metrics {
@@ -45,6 +53,7 @@ pub struct Metrics {
     duration: Family<EndpointLabels, Histogram>,
     quota_reservations: Family<ResultLabels, Counter>,
     event_writes: Family<ResultLabels, Counter>,
+    cache_synced: Family<CacheLabels, Gauge>,
 }
 
 /// Latency buckets: admissions take tens of microseconds; the API server gives up at the
@@ -90,12 +99,19 @@ impl Metrics {
             "Kubernetes Events written for rejections, by result",
             event_writes.clone(),
         );
+        let cache_synced = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "vgpu_webhook_cache_synced",
+            "Whether this cache of the validating webhook holds a complete LIST and its watch is healthy (1) or not (0); /readyz is 503 while any is 0",
+            cache_synced.clone(),
+        );
         Metrics {
             registry,
             admissions,
             duration,
             quota_reservations,
             event_writes,
+            cache_synced,
         }
     }
 
@@ -125,6 +141,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets whether one of the validator's caches is synced.
+    pub fn cache_synced(&self, cache: &'static str, synced: bool) {
+        self.cache_synced
+            .get_or_create(&CacheLabels { cache })
+            .set(i64::from(synced));
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -151,6 +174,8 @@ mod tests {
         );
         m.quota_reservation("ok");
         m.event_write(false);
+        m.cache_synced("pods", false);
+        m.cache_synced("nodes", true);
         let text = m.encode();
         assert!(text.contains(
             "vgpu_webhook_admissions_total{endpoint=\"mutate\",decision=\"allowed\",reason=\"patched\"} 1"
@@ -161,6 +186,14 @@ mod tests {
         );
         assert!(text.contains("vgpu_webhook_quota_reservations_total{result=\"ok\"} 1"));
         assert!(text.contains("vgpu_webhook_event_writes_total{result=\"error\"} 1"));
+        assert!(
+            text.contains("vgpu_webhook_cache_synced{cache=\"pods\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vgpu_webhook_cache_synced{cache=\"nodes\"} 1"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -70,27 +70,35 @@ impl ClusterCache {
             && self.nodes_synced.load(Ordering::Acquire)
     }
 
+    /// Each cache by name (`resourcequotas`, `pods`, `nodes`) and whether it holds a complete LIST
+    /// and its watch is healthy: `/readyz`'s clauses and the `vgpu_webhook_cache_synced` gauge.
+    pub fn sync_states(&self) -> [(&'static str, bool); 3] {
+        [
+            ("resourcequotas", &self.quotas_synced),
+            ("pods", &self.pods_synced),
+            ("nodes", &self.nodes_synced),
+        ]
+        .map(|(what, synced)| (what, synced.load(Ordering::Acquire)))
+    }
+
     /// Why the caches are not all complete, for `/readyz`: one clause per cache that is not, e.g.
     /// `pods: watch failing for 12 s (last error: ...)` or `nodes: initial list not complete`.
     /// `None` when [`Self::synced`].
     pub fn unsynced_reason(&self) -> Option<String> {
         let trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
-        let clauses: Vec<String> = [
-            ("resourcequotas", &self.quotas_synced),
-            ("pods", &self.pods_synced),
-            ("nodes", &self.nodes_synced),
-        ]
-        .into_iter()
-        .filter(|(_, synced)| !synced.load(Ordering::Acquire))
-        .map(|(what, _)| match trouble.get(what) {
-            Some(t) => format!(
-                "{what}: watch failing for {} s, re-listing (last error: {})",
-                t.since.elapsed().as_secs(),
-                t.error
-            ),
-            None => format!("{what}: initial list not complete"),
-        })
-        .collect();
+        let clauses: Vec<String> = self
+            .sync_states()
+            .into_iter()
+            .filter(|(_, synced)| !synced)
+            .map(|(what, _)| match trouble.get(what) {
+                Some(t) => format!(
+                    "{what}: watch failing for {} s, re-listing (last error: {})",
+                    t.since.elapsed().as_secs(),
+                    t.error
+                ),
+                None => format!("{what}: initial list not complete"),
+            })
+            .collect();
         (!clauses.is_empty()).then(|| clauses.join("; "))
     }
 

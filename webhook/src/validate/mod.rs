@@ -160,6 +160,16 @@ impl Validator {
         }
     }
 
+    /// Sets `vgpu_webhook_cache_synced` from the caches; without API access there are no caches
+    /// and no such series.
+    pub fn report_cache_states(&self) {
+        if self.client.is_some() {
+            for (cache, synced) in self.cache.sync_states() {
+                self.metrics.cache_synced(cache, synced);
+            }
+        }
+    }
+
     /// The cache (for readiness details and tests).
     pub fn cache(&self) -> &ClusterCache {
         &self.cache
