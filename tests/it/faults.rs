@@ -26,12 +26,13 @@ fn pod_in(ns: &str, name: &str, mib: u64) -> Value {
 const T: Duration = Duration::from_secs(20);
 
 impl Cluster {
-    async fn readyz(&self, replica: usize) -> (u16, String) {
+    /// GET `path` of a replica: status and body.
+    async fn get(&self, replica: usize, path: &str) -> (u16, String) {
         let r = https::request(
             self.webhooks[replica].1,
             self.tls.clone(),
             "GET",
-            "/readyz",
+            path,
             vec![],
         )
         .await
@@ -39,19 +40,15 @@ impl Cluster {
         (r.status, String::from_utf8_lossy(&r.body).into_owned())
     }
 
+    async fn readyz(&self, replica: usize) -> (u16, String) {
+        self.get(replica, "/readyz").await
+    }
+
     /// The replica's `/metrics` text.
     async fn metrics(&self, replica: usize) -> String {
-        let r = https::request(
-            self.webhooks[replica].1,
-            self.tls.clone(),
-            "GET",
-            "/metrics",
-            vec![],
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200);
-        String::from_utf8_lossy(&r.body).into_owned()
+        let (status, text) = self.get(replica, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        text
     }
 
     /// Polls `/readyz` until its status is `code`; returns the body.
