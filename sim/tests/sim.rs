@@ -459,24 +459,37 @@ fn cli_rejects_bad_input_with_named_field() {
     assert!(run(&["--trace", "bad"]).contains(":2: field `gpu_milli`"));
 }
 
-/// `shared/traces` next to the workspace root, if this checkout has it.
-fn shared_traces() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-    let dir = root.parent()?.join("shared").join("traces");
-    dir.join("alibaba-gpu-v2023")
-        .join("openb_pod_list_default.csv")
-        .exists()
-        .then_some(dir)
+/// The folder of the trace's CSVs: `VGPU_SIM_TRACE_DIR` (as the CLI reads it) when set, else
+/// `shared/traces/alibaba-gpu-v2023` next to the workspace root, if this checkout has it; with the
+/// published results file when one is found (`VGPU_SIM_EXPECTED`, else `fgd-expected/` beside
+/// the trace folder).
+fn real_trace() -> Option<(PathBuf, Option<PathBuf>)> {
+    let data = match std::env::var_os("VGPU_SIM_TRACE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+            root.parent()?.join("shared/traces/alibaba-gpu-v2023")
+        }
+    };
+    if !data.join("openb_pod_list_default.csv").exists() {
+        return None;
+    }
+    let published = match std::env::var_os("VGPU_SIM_EXPECTED") {
+        Some(f) => Some(PathBuf::from(f)),
+        None => data
+            .parent()
+            .map(|p| p.join("fgd-expected/analysis_allo_discrete.csv")),
+    };
+    Some((data, published.filter(|f| f.exists())))
 }
 
 /// CI-sized run of the real trace: the default pod list, one seed, FGD and ours.
 #[test]
 fn real_trace_fgd_matches_published_and_ours_beats_it() {
-    let Some(dir) = shared_traces() else {
-        eprintln!("skipped: no shared/traces/alibaba-gpu-v2023 next to the workspace");
+    let Some((data, published)) = real_trace() else {
+        eprintln!("skipped: no trace (set VGPU_SIM_TRACE_DIR to the folder of openb_pod_list_default.csv, or keep shared/traces/alibaba-gpu-v2023 next to the workspace)");
         return;
     };
-    let data = dir.join("alibaba-gpu-v2023");
     let mut cluster =
         Cluster::new(&load_nodes(&data.join("openb_node_list_gpu_node.csv")).unwrap()).unwrap();
     assert_eq!(cluster.nodes.len(), 1213);
@@ -492,8 +505,7 @@ fn real_trace_fgd_matches_published_and_ours_beats_it() {
     let ours = simulate(&cluster, &trace, &arrivals, Policy::Ours, 42, 1.3);
     let (f, o) = (fgd.at(100).unwrap(), ours.at(100).unwrap());
     eprintln!("default seed 42: fgd {f:.2}, ours {o:.2}");
-    let published = dir.join("fgd-expected").join("analysis_allo_discrete.csv");
-    if let Ok(p) = Published::load(&published) {
+    if let Some(p) = published.and_then(|f| Published::load(&f).ok()) {
         let reference = p.at_100("default", Policy::Fgd).unwrap();
         assert!((reference - 95.23).abs() < 0.01);
         assert!(
