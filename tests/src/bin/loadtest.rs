@@ -12,11 +12,14 @@
 //! target/release/vgpu-loadtest --rate 20000 --seconds 10
 //! # what handler CPU alone costs: hello servers that spin, or read the body as JSON, first
 //! target/release/vgpu-loadtest --rounds 3 --baseline plain,spin:2.5,json-skim,json-value
+//! # client and servers on their own cores, so that the client does not preempt the server
+//! target/release/vgpu-loadtest --server-cpus 1 --client-cpus 0
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
-//! is this process. On a small machine client and servers share the cores, so the ratio between the
-//! two servers is the meaningful number, not the absolute rate.
+//! is this process. On a small machine client and servers share the cores (unless pinned apart with
+//! `--server-cpus`/`--client-cpus`), so the ratio between the two servers is the meaningful number,
+//! not the absolute rate.
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -24,6 +27,7 @@ use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 use rustls::pki_types::ServerName;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -81,6 +85,14 @@ struct Args {
     /// with nothing else of the webhook, does to throughput and p99 on this machine.
     #[arg(long, default_value = "plain", value_delimiter = ',')]
     baseline: Vec<Baseline>,
+    /// CPUs the servers run on (`1`, `2-3`, `0,2`): each server process is started with this
+    /// affinity (its runtime then starts one worker per CPU). With `--client-cpus` on other CPUs,
+    /// client and server stop competing for the same cores, so the numbers are the server's alone.
+    #[arg(long, value_parser = parse_cpus)]
+    server_cpus: Option<CpuList>,
+    /// CPUs this process (the client) runs on; see `--server-cpus`.
+    #[arg(long, value_parser = parse_cpus)]
+    client_cpus: Option<CpuList>,
     /// Internal: run the baseline hello server with these PEM files.
     #[arg(long, hide = true, num_args = 2, value_names = ["CERT", "KEY"])]
     serve_hello: Option<Vec<PathBuf>>,
@@ -91,6 +103,20 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before any thread starts: threads take their creator's affinity.
+    let client_cpus = match &args.client_cpus {
+        Some(cpus) => {
+            let set = cpu_set(&cpus.0);
+            sched_setaffinity(None, &set).context("setting --client-cpus")?;
+            set
+        }
+        None => sched_getaffinity(None).context("reading this process's CPU affinity")?,
+    };
+    let server_cpus = args.server_cpus.as_ref().map(|c| cpu_set(&c.0));
+    let pin = Pin {
+        server: server_cpus,
+        client: client_cpus,
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(files) = &args.serve_hello {
         return serve_hello(&files[0], &files[1], args.serve_baseline);
@@ -121,7 +147,7 @@ fn main() -> anyhow::Result<()> {
             .arg(&cert)
             .arg("--tls-key")
             .arg(&key);
-        return idle_mode(&rt, webhook_cmd, client_tls, &body, &args);
+        return idle_mode(&rt, webhook_cmd, client_tls, &body, &args, &pin);
     }
     let mut failed = false;
     for round in 1..=args.rounds.max(1) {
@@ -150,7 +176,7 @@ fn main() -> anyhow::Result<()> {
         }
         let mut results = Vec::new();
         for (name, cmd, path) in servers {
-            let server = Server::start(cmd, &args.server_log)?;
+            let server = Server::start(cmd, &args.server_log, &pin)?;
             let r = rt.block_on(load(&server, client_tls.clone(), path, &body, &args))?;
             println!("{name:<22} {}", r.line());
             failed |= r.errors > 0;
@@ -180,6 +206,7 @@ fn idle_mode(
     tls: Arc<rustls::ClientConfig>,
     body: &[u8],
     args: &Args,
+    pin: &Pin,
 ) -> anyhow::Result<()> {
     let limit = vgpu_tests::raise_nofile_limit();
     if limit < args.idle_connections as u64 + 256 {
@@ -188,7 +215,7 @@ fn idle_mode(
             args.idle_connections
         );
     }
-    let server = Server::start(webhook_cmd, &args.server_log)?;
+    let server = Server::start(webhook_cmd, &args.server_log, pin)?;
     let base = rt.block_on(load(&server, tls.clone(), "/mutate", body, args))?;
     let idle = rt.block_on(async {
         let mut held = Vec::with_capacity(args.idle_connections);
@@ -240,17 +267,67 @@ fn http1_only(mut cfg: rustls::ClientConfig) -> rustls::ClientConfig {
     cfg
 }
 
+/// CPU affinities: the servers' (when pinned) and this process's.
+struct Pin {
+    server: Option<CpuSet>,
+    client: CpuSet,
+}
+
+/// CPU indexes, from a list as `taskset -c` takes it.
+#[derive(Clone, Debug, PartialEq)]
+struct CpuList(Vec<usize>);
+
+/// A CPU list as `taskset -c` takes it: `0`, `1-3`, `0,2-3`.
+fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    let bad = || {
+        format!(
+            "CPU list {s:?}: expected numbers and ranges such as 0,2-3 (below {})",
+            CpuSet::MAX_CPU
+        )
+    };
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b || b >= CpuSet::MAX_CPU {
+            return Err(bad());
+        }
+        out.extend(a..=b);
+    }
+    Ok(CpuList(out))
+}
+
+fn cpu_set(cpus: &[usize]) -> CpuSet {
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        set.set(c);
+    }
+    set
+}
+
 struct Server {
     child: Child,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(mut cmd: Command, log: &str) -> anyhow::Result<Server> {
+    fn start(mut cmd: Command, log: &str, pin: &Pin) -> anyhow::Result<Server> {
         cmd.stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env("RUST_LOG", log);
-        let mut child = cmd.spawn().context("starting server")?;
+        // A child takes the affinity of the thread that forks it: this one's, set to the
+        // servers' CPUs for the spawn and back to the client's after.
+        if let Some(set) = &pin.server {
+            sched_setaffinity(None, set).context("setting --server-cpus")?;
+        }
+        let spawned = cmd.spawn().context("starting server");
+        if pin.server.is_some() {
+            sched_setaffinity(None, &pin.client).context("restoring the client's CPUs")?;
+        }
+        let mut child = spawned?;
         let stderr = child.stderr.take().context("no stderr")?;
         let (tx, rx) = std::sync::mpsc::channel();
         // Keep draining the log (one line per admission) so the server never blocks on the pipe.
@@ -587,6 +664,41 @@ fn serve_hello(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_taskset_takes_them() {
+        assert_eq!(parse_cpus("1"), Ok(CpuList(vec![1])));
+        assert_eq!(parse_cpus("0,2-3"), Ok(CpuList(vec![0, 2, 3])));
+        for bad in ["", "a", "3-1", "1-", "-1", "0,,1", "100000"] {
+            assert!(parse_cpus(bad).unwrap_err().contains("CPU list"), "{bad}");
+        }
+        let set = cpu_set(&[0, 2]);
+        assert!(set.is_set(0) && !set.is_set(1) && set.is_set(2));
+    }
+
+    /// Every flag parses through clap as declared (a value parser and a field type that disagree
+    /// only fail when the flag is given).
+    #[test]
+    fn flags_parse() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let a = Args::try_parse_from([
+            "vgpu-loadtest",
+            "--server-cpus",
+            "1",
+            "--client-cpus",
+            "0",
+            "--baseline",
+            "plain,spin:2.5,json-skim",
+            "--rate",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(a.server_cpus, Some(CpuList(vec![1])));
+        assert_eq!(a.client_cpus, Some(CpuList(vec![0])));
+        assert_eq!(a.baseline.len(), 3);
+        assert_eq!(a.rate, Some(1000.0));
+    }
 
     #[test]
     fn baselines_parse_print_and_do_their_work() {
