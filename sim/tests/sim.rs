@@ -475,12 +475,14 @@ fn real_trace() -> Option<(PathBuf, Option<PathBuf>)> {
         return None;
     }
     let published = match std::env::var_os("VGPU_SIM_EXPECTED") {
+        // Named explicitly: it must be there (the test then fails on loading it).
         Some(f) => Some(PathBuf::from(f)),
         None => data
             .parent()
-            .map(|p| p.join("fgd-expected/analysis_allo_discrete.csv")),
+            .map(|p| p.join("fgd-expected/analysis_allo_discrete.csv"))
+            .filter(|f| f.exists()),
     };
-    Some((data, published.filter(|f| f.exists())))
+    Some((data, published))
 }
 
 /// CI-sized run of the real trace: the default pod list, one seed, FGD and ours.
@@ -505,7 +507,9 @@ fn real_trace_fgd_matches_published_and_ours_beats_it() {
     let ours = simulate(&cluster, &trace, &arrivals, Policy::Ours, 42, 1.3);
     let (f, o) = (fgd.at(100).unwrap(), ours.at(100).unwrap());
     eprintln!("default seed 42: fgd {f:.2}, ours {o:.2}");
-    if let Some(p) = published.and_then(|f| Published::load(&f).ok()) {
+    if let Some(file) = published {
+        let p = Published::load(&file)
+            .unwrap_or_else(|e| panic!("published results {}: {e}", file.display()));
         let reference = p.at_100("default", Policy::Fgd).unwrap();
         assert!((reference - 95.23).abs() < 0.01);
         assert!(

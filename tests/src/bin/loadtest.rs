@@ -548,6 +548,14 @@ async fn connection(
     (lat, errors)
 }
 
+/// `d` in microseconds as written back: whole nanoseconds, no float noise (`7.7`, not
+/// `7.700000000000001`).
+fn micros(d: Duration) -> String {
+    let ns = d.as_nanos();
+    let text = format!("{}.{:03}", ns / 1000, ns % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// What a baseline hello server does with each request before it answers (`--baseline`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Baseline {
@@ -561,7 +569,7 @@ impl Baseline {
     fn label(&self) -> String {
         match self {
             Baseline::Plain => "bare rustls hello".to_string(),
-            Baseline::Spin(d) => format!("hello + {} us spin", d.as_secs_f64() * 1e6),
+            Baseline::Spin(d) => format!("hello + {} us spin", micros(*d)),
             Baseline::JsonSkim => "hello + JSON skim".to_string(),
             Baseline::JsonValue => "hello + JSON Value".to_string(),
         }
@@ -588,7 +596,7 @@ impl std::fmt::Display for Baseline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Baseline::Plain => f.write_str("plain"),
-            Baseline::Spin(d) => write!(f, "spin:{}", d.as_secs_f64() * 1e6),
+            Baseline::Spin(d) => write!(f, "spin:{}", micros(*d)),
             Baseline::JsonSkim => f.write_str("json-skim"),
             Baseline::JsonValue => f.write_str("json-value"),
         }
@@ -604,14 +612,20 @@ impl std::str::FromStr for Baseline {
             "json-skim" => Ok(Baseline::JsonSkim),
             "json-value" => Ok(Baseline::JsonValue),
             _ => {
+                let bad = || {
+                    format!("baseline {s:?}: expected plain, spin:MICROSECONDS (0, or 0.001 to 1e6), json-skim or json-value")
+                };
                 let us = s
                     .strip_prefix("spin:")
                     .and_then(|us| us.parse::<f64>().ok())
                     .filter(|us| us.is_finite() && *us >= 0.0 && *us <= 1e6)
-                    .ok_or_else(|| {
-                        format!("baseline {s:?}: expected plain, spin:MICROSECONDS (0 to 1e6), json-skim or json-value")
-                    })?;
-                Ok(Baseline::Spin(Duration::from_secs_f64(us / 1e6)))
+                    .ok_or_else(bad)?;
+                let d = Duration::from_nanos((us * 1e3).round() as u64);
+                // A spin that rounds to no time at all was not what was asked for.
+                if d.is_zero() && us > 0.0 {
+                    return Err(bad());
+                }
+                Ok(Baseline::Spin(d))
             }
         }
     }
@@ -702,7 +716,16 @@ mod tests {
 
     #[test]
     fn baselines_parse_print_and_do_their_work() {
-        for text in ["plain", "spin:2.5", "spin:0", "json-skim", "json-value"] {
+        for text in [
+            "plain",
+            "spin:2.5",
+            "spin:0",
+            "spin:7.7",
+            "spin:0.1",
+            "spin:10",
+            "json-skim",
+            "json-value",
+        ] {
             let b: Baseline = text.parse().unwrap();
             assert_eq!(b.to_string(), text);
             assert_eq!(b.to_string().parse::<Baseline>(), Ok(b));
@@ -711,8 +734,20 @@ mod tests {
             "spin:3".parse::<Baseline>(),
             Ok(Baseline::Spin(Duration::from_micros(3)))
         );
+        assert_eq!(
+            Baseline::Spin(Duration::from_micros(7)).label(),
+            "hello + 7 us spin"
+        );
         for bad in [
-            "", "spin", "spin:", "spin:-1", "spin:NaN", "spin:inf", "json", "Plain",
+            "",
+            "spin",
+            "spin:",
+            "spin:-1",
+            "spin:NaN",
+            "spin:inf",
+            "spin:0.0001",
+            "json",
+            "Plain",
         ] {
             let err = bad.parse::<Baseline>().unwrap_err();
             assert!(err.contains("expected plain, spin:"), "{bad}: {err}");
