@@ -289,6 +289,44 @@ impl<'a> Scorer<'a> {
         }
     }
 
+    /// [`Scorer::write_fail`], reusing the words of an earlier GPU-type miss on the same models.
+    pub fn write_fail_memo(
+        &self,
+        out: &mut String,
+        name: &str,
+        fail: &Fail<'_>,
+        memo: &mut FailMemo,
+    ) {
+        let (hot, container, left) = match fail {
+            Fail::Miss(hot, m) => match m.why {
+                placement::MissReason::Type { left } => (*hot, m.container, left),
+                _ => return self.write_fail(out, name, fail),
+            },
+            _ => return self.write_fail(out, name, fail),
+        };
+        let models = || hot.iter().map(GpuHot::model_key);
+        let hit = memo
+            .entries
+            .iter()
+            .find(|e| e.0 == container && e.1 == left && e.2.iter().copied().eq(models()));
+        if let Some(e) = hit {
+            out.push_str(name);
+            out.push_str(": ");
+            out.push_str(&e.3);
+            return;
+        }
+        let start = out.len();
+        self.write_fail(out, name, fail);
+        // A miss is written as `{name}: {words}`.
+        if memo.entries.len() < FAIL_MEMO_MAX {
+            if let Some(words) = out.get(start + name.len() + 2..) {
+                let words = words.to_string();
+                memo.entries
+                    .push((container, left, models().collect(), words));
+            }
+        }
+    }
+
     /// Appends the message for node `name`'s failure (`node-7: no GPU with …`).
     pub fn write_fail(&self, out: &mut String, name: &str, fail: &Fail<'_>) {
         use std::fmt::Write;
@@ -312,6 +350,19 @@ impl<'a> Scorer<'a> {
         }
     }
 }
+
+/// The words after `name: ` of GPU-type misses, by container, GPUs left and the node's GPU models
+/// in order, for one scan: a type list fails thousands of nodes of a few models with the same
+/// words, and writing them node by node was a tenth of a typed multi-GPU filter (`perf`, filter
+/// bench). Those inputs fix the words ([`placement::write_miss`] reads nothing else of the node
+/// for a type miss), so a hit is the message [`Scorer::write_fail`] would write.
+#[derive(Default)]
+pub struct FailMemo {
+    entries: Vec<(usize, usize, Vec<u32>, String)>,
+}
+
+/// More distinct model sets than this in one scan are written out each time.
+const FAIL_MEMO_MAX: usize = 64;
 
 /// A node's GPUs as the dense copy holds them; UUIDs come from the node entry, found only when a
 /// UUID list, a message or an assignment needs them.
@@ -1286,8 +1337,31 @@ mod tests {
         let mut names: Vec<String> = (0..62).map(|n| format!("n{n}")).collect();
         names.push("unknown".into());
         let (mut passed, mut failed) = (0, 0);
+        let mut two_typed = PodRequest::simple(vec![container(2, Memory::Mib(2048), 10)]);
+        two_typed.filter = GpuFilter {
+            use_types: NameList::parse("a10"),
+            ..GpuFilter::default()
+        };
+        pods.push(two_typed);
+        let mut memo_hits = 0;
         for pod in &pods {
             let scorer = c.scorer(pod, NOW);
+            // The memoised messages are the plain ones, on a first and a second pass.
+            let mut memo = FailMemo::default();
+            for n in names.iter().chain(&names) {
+                let mut buf = PlaceBuf::default();
+                if let Err(f) = scorer.score_lean(n, &mut buf) {
+                    let (mut plain, mut memoised) = (String::new(), String::from("x"));
+                    scorer.write_fail(&mut plain, n, &f);
+                    let before = memo.entries.len();
+                    scorer.write_fail_memo(&mut memoised, n, &f, &mut memo);
+                    assert_eq!(memoised[1..], plain, "{n} {pod:?}");
+                    memo_hits += usize::from(
+                        matches!(f, Fail::Miss(_, m) if matches!(m.why, placement::MissReason::Type { .. }))
+                            && memo.entries.len() == before,
+                    );
+                }
+            }
             for n in &names {
                 let dense = scorer.score(n);
                 assert_eq!(dense, c.score_cold(n, pod, NOW), "{n} {pod:?}");
@@ -1302,5 +1376,6 @@ mod tests {
             passed > 50 && failed > 50,
             "{passed} passed, {failed} failed"
         );
+        assert!(memo_hits > 20, "{memo_hits} memoised type misses");
     }
 }

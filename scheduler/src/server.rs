@@ -21,7 +21,7 @@ use vgpu_core::placement::frag::LiveFrag;
 use vgpu_core::placement::{PlaceBuf, PodRequest, Policy};
 use vgpu_core::request::RequestPolicy;
 
-use crate::cache::Cluster;
+use crate::cache::{Cluster, FailMemo};
 use crate::extender::{
     node_name, push_json_str, push_u32, ArgsView, ExtenderArgs, ExtenderBindingArgs,
     ExtenderBindingResult, ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList,
@@ -246,12 +246,13 @@ impl AppState {
         let scorer = cluster.scorer(req, now);
         let mut buf = PlaceBuf::default();
         let mut msg = String::new();
+        let mut memo = FailMemo::default();
         for (&n, hint) in names.iter().zip(hints.iter_mut()) {
             match scorer.score_at(n, hint, &mut buf) {
                 Ok(score) => pass(n, score),
                 Err(f) => {
                     msg.clear();
-                    scorer.write_fail(&mut msg, n, &f);
+                    scorer.write_fail_memo(&mut msg, n, &f, &mut memo);
                     fail(n, &msg);
                 }
             }
