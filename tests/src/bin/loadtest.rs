@@ -14,6 +14,8 @@
 //! target/release/vgpu-loadtest --rounds 3 --baseline plain,spin:2.5,json-skim,json-value
 //! # client and servers on their own cores, so that the client does not preempt the server
 //! target/release/vgpu-loadtest --server-cpus 1 --client-cpus 0
+//! # the webhook logging JSON lines, as the chart runs it (the default is text)
+//! VGPU_WEBHOOK_LOG_FORMAT=json target/release/vgpu-loadtest
 //! ```
 //!
 //! Both servers run as separate processes with the same TLS settings (TLS 1.3, HTTP/1.1); the client
@@ -337,8 +339,8 @@ impl Server {
             let mut reader = BufReader::with_capacity(1 << 16, stderr);
             let mut line = String::new();
             while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                if let Some(addr) = line.split("addr=").nth(1) {
-                    let _ = tx.send(addr.trim().to_string());
+                if let Some(addr) = address_in_log_line(&line) {
+                    let _ = tx.send(addr);
                     break;
                 }
                 line.clear();
@@ -356,6 +358,16 @@ impl Server {
         server.addr = addr.parse().context("bad address")?;
         Ok(server)
     }
+}
+
+/// The listening address a server logs at start: `addr=127.0.0.1:8443` in the text format, or an
+/// `"addr"` field in the JSON format (`VGPU_WEBHOOK_LOG_FORMAT=json`, as the chart runs it).
+fn address_in_log_line(line: &str) -> Option<String> {
+    if let Some(addr) = line.split("addr=").nth(1) {
+        return addr.split_whitespace().next().map(str::to_string);
+    }
+    let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    value.get("addr")?.as_str().map(str::to_string)
 }
 
 impl Drop for Server {
@@ -678,6 +690,30 @@ fn serve_hello(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_address_is_read_from_text_and_json_log_lines() {
+        let text =
+            "2026-12-06T02:25:03.351738Z  INFO vgpu_webhook: listening addr=127.0.0.1:41234\n";
+        assert_eq!(
+            address_in_log_line(text).as_deref(),
+            Some("127.0.0.1:41234")
+        );
+        assert_eq!(
+            address_in_log_line("hello listening addr=127.0.0.1:5\n").as_deref(),
+            Some("127.0.0.1:5")
+        );
+        let json = r#"{"timestamp":"2026-12-06T02:25:03Z","level":"INFO","message":"listening","addr":"127.0.0.1:8443","target":"vgpu_webhook"}"#;
+        assert_eq!(address_in_log_line(json).as_deref(), Some("127.0.0.1:8443"));
+        for other in [
+            "2026-12-06T02:25:03Z  WARN vgpu_webhook: no Kubernetes API configured\n",
+            r#"{"level":"WARN","message":"no Kubernetes API configured"}"#,
+            r#"{"addr":7}"#,
+            "",
+        ] {
+            assert_eq!(address_in_log_line(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn cpu_lists_parse_as_taskset_takes_them() {
