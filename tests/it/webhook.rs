@@ -11,7 +11,7 @@ use vgpu_tests::https;
 use vgpu_tests::process::Running;
 
 struct Webhook {
-    _proc: Running,
+    proc: Running,
     _dir: tempfile::TempDir,
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
@@ -24,7 +24,7 @@ impl Webhook {
         let (_, cert, key) = pki.write(dir.path());
         let (proc, addr) = vgpu_tests::process::start_webhook(&cert, &key, extra);
         Webhook {
-            _proc: proc,
+            proc,
             _dir: dir,
             addr,
             tls: Arc::new(pki.client_config()),
@@ -374,6 +374,75 @@ async fn bad_http_input_gets_4xx_never_5xx() {
         ))
         .await;
     assert_eq!(p["spec"]["schedulerName"], "vgpu-scheduler");
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ`, the timestamp tracing-subscriber writes.
+fn is_utc_micros_timestamp(s: &str) -> bool {
+    s.len() == 27
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            4 | 7 => b == b'-',
+            10 => b == b'T',
+            13 | 16 => b == b':',
+            19 => b == b'.',
+            26 => b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// One line per admission, with uid, namespace, pod, decision and duration, in the text format
+/// and in the JSON format the chart runs (`--log-format json`).
+#[tokio::test]
+async fn each_admission_is_logged_once_with_its_fields() {
+    let gpu_pod = pod(json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]));
+    for json_format in [false, true] {
+        let extra: &[&str] = if json_format {
+            &["--log-format", "json"]
+        } else {
+            &[]
+        };
+        let mut wh = Webhook::start(extra);
+        wh.mutate(&gpu_pod).await;
+        // A body that is not a review: logged after the admission, by the same writer, in order.
+        assert_eq!(wh.post("/mutate", b"{not json".to_vec()).await.status, 400);
+        let wait = std::time::Duration::from_secs(10);
+        let bad = wh.proc.wait_for_line(wait, |l| l.contains("bad-request"));
+        let lines: Vec<String> = wh
+            .proc
+            .output()
+            .into_iter()
+            .filter(|l| l.contains("uid-1"))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line per admission: {lines:?}");
+        let line = &lines[0];
+        if json_format {
+            let v: Value = serde_json::from_str(line).unwrap();
+            assert!(
+                is_utc_micros_timestamp(v["timestamp"].as_str().unwrap()),
+                "{line}"
+            );
+            assert_eq!(v["level"], "INFO");
+            assert_eq!(v["target"], "vgpu_webhook::server");
+            assert_eq!(v["message"], "admission");
+            assert_eq!(v["endpoint"], "mutate");
+            assert_eq!(v["uid"], "uid-1");
+            assert_eq!(v["namespace"], "team-a");
+            assert_eq!(v["pod"], "p");
+            assert_eq!(v["decision"], "patched");
+            assert!(v["duration_us"].is_u64(), "{line}");
+            let bad: Value = serde_json::from_str(&bad).unwrap();
+            assert_eq!(
+                (&bad["decision"], &bad["endpoint"]),
+                (&json!("bad-request"), &json!("mutate"))
+            );
+        } else {
+            assert!(is_utc_micros_timestamp(&line[..27]), "{line}");
+            let rest = &line[27..];
+            let want = r#"  INFO vgpu_webhook::server: admission endpoint="mutate" uid=uid-1 namespace="team-a" pod="p" decision="patched" duration_us="#;
+            assert!(rest.starts_with(want), "{line}");
+            assert!(rest[want.len()..].parse::<u64>().is_ok(), "{line}");
+            assert!(bad.contains(r#"decision="bad-request""#), "{bad}");
+        }
+    }
 }
 
 #[tokio::test]

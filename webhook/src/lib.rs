@@ -12,6 +12,7 @@ pub mod config;
 #[cfg(test)]
 mod generated_reviews;
 pub mod logbuf;
+pub mod logtime;
 pub mod metrics;
 pub mod mutate;
 pub mod pod;

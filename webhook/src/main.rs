@@ -7,6 +7,7 @@ use std::time::Duration;
 use vgpu_serve::tls::ClientAuth;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
 use vgpu_webhook::logbuf::{BatchedWriter, FlushGuard, FLUSH_EVERY};
+use vgpu_webhook::logtime::CachedUtcTime;
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, health_app, AppState};
 use vgpu_webhook::tls;
@@ -151,6 +152,7 @@ fn init_logging(format: LogFormat) -> FlushGuard {
     let (writer, guard) = BatchedWriter::new(std::io::stderr(), FLUSH_EVERY);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_timer(CachedUtcTime)
         .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -339,7 +339,7 @@ impl Server {
             let mut reader = BufReader::with_capacity(1 << 16, stderr);
             let mut line = String::new();
             while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                if let Some(addr) = address_in_log_line(&line) {
+                if let Some(addr) = vgpu_tests::process::address_in_log_line(&line) {
                     let _ = tx.send(addr);
                     break;
                 }
@@ -358,16 +358,6 @@ impl Server {
         server.addr = addr.parse().context("bad address")?;
         Ok(server)
     }
-}
-
-/// The listening address a server logs at start: `addr=127.0.0.1:8443` in the text format, or an
-/// `"addr"` field in the JSON format (`VGPU_WEBHOOK_LOG_FORMAT=json`, as the chart runs it).
-fn address_in_log_line(line: &str) -> Option<String> {
-    if let Some(addr) = line.split("addr=").nth(1) {
-        return addr.split_whitespace().next().map(str::to_string);
-    }
-    let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
-    value.get("addr")?.as_str().map(str::to_string)
 }
 
 impl Drop for Server {
@@ -690,30 +680,6 @@ fn serve_hello(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_address_is_read_from_text_and_json_log_lines() {
-        let text =
-            "2026-12-06T02:25:03.351738Z  INFO vgpu_webhook: listening addr=127.0.0.1:41234\n";
-        assert_eq!(
-            address_in_log_line(text).as_deref(),
-            Some("127.0.0.1:41234")
-        );
-        assert_eq!(
-            address_in_log_line("hello listening addr=127.0.0.1:5\n").as_deref(),
-            Some("127.0.0.1:5")
-        );
-        let json = r#"{"timestamp":"2026-12-06T02:25:03Z","level":"INFO","message":"listening","addr":"127.0.0.1:8443","target":"vgpu_webhook"}"#;
-        assert_eq!(address_in_log_line(json).as_deref(), Some("127.0.0.1:8443"));
-        for other in [
-            "2026-12-06T02:25:03Z  WARN vgpu_webhook: no Kubernetes API configured\n",
-            r#"{"level":"WARN","message":"no Kubernetes API configured"}"#,
-            r#"{"addr":7}"#,
-            "",
-        ] {
-            assert_eq!(address_in_log_line(other), None, "{other:?}");
-        }
-    }
 
     #[test]
     fn cpu_lists_parse_as_taskset_takes_them() {
