@@ -411,8 +411,11 @@ fn sigkill_storms_under_concurrency_never_pass_the_limit() {
         "killed processes reclaimed {took:?} after the last kill"
     );
     // The killed processes' launches and refusals stay counted (retired), and what is left in use
-    // is the survivors' alone: at most the limit.
-    assert!(snap.used(0) <= 1 << 30, "{snap:?}");
+    // is the survivors' alone, never more than the limit. Not checked on the live sum of the
+    // slots: the survivors still run, and the ledger reserves before it checks
+    // (runtime-hook/src/ledger.rs), so a slot read mid-storm can hold a reservation about to be
+    // refused. The container's peak is raised only by reservations that passed their check.
+    assert!(snap.container_peak[0] <= 1 << 30, "{snap:?}");
     assert!(
         snap.oom_refusals() > 0,
         "the storm never reached the limit: {snap:?}"

@@ -435,8 +435,10 @@ async fn each_admission_is_logged_once_with_its_fields() {
                 (&json!("bad-request"), &json!("mutate"))
             );
         } else {
-            assert!(is_utc_micros_timestamp(&line[..27]), "{line}");
-            let rest = &line[27..];
+            let (stamp, rest) = line
+                .split_at_checked(27)
+                .unwrap_or_else(|| panic!("{line}"));
+            assert!(is_utc_micros_timestamp(stamp), "{line}");
             let want = r#"  INFO vgpu_webhook::server: admission endpoint="mutate" uid=uid-1 namespace="team-a" pod="p" decision="patched" duration_us="#;
             assert!(rest.starts_with(want), "{line}");
             assert!(rest[want.len()..].parse::<u64>().is_ok(), "{line}");

@@ -143,13 +143,18 @@ pub fn start_webhook(
     (proc, addr)
 }
 
-/// The listening address a server logs at start: `addr=127.0.0.1:8443` in the text format, or an
-/// `"addr"` field in the JSON format (`--log-format json`, as the chart runs the webhook).
+/// The address of a server's `listening` line: `listening addr=127.0.0.1:8443` in the text
+/// format, or `"message":"listening"` with an `"addr"` field in the JSON format (`--log-format
+/// json`, as the chart runs the webhook). Other lines with an address, such as the webhook's
+/// `health endpoints served (plain HTTP) addr=...` logged before it, are not the one.
 pub fn address_in_log_line(line: &str) -> Option<String> {
-    if let Some(addr) = line.split("addr=").nth(1) {
+    if let Some(addr) = line.split(" listening addr=").nth(1) {
         return addr.split_whitespace().next().map(str::to_string);
     }
     let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    if value.get("message")?.as_str()? != "listening" {
+        return None;
+    }
     value.get("addr")?.as_str().map(str::to_string)
 }
 
@@ -174,7 +179,9 @@ mod tests {
         for other in [
             "2026-12-06T02:25:03Z  WARN vgpu_webhook: no Kubernetes API configured\n",
             r#"{"level":"WARN","message":"no Kubernetes API configured"}"#,
-            r#"{"addr":7}"#,
+            r#"{"message":"listening","addr":7}"#,
+            r#"{"message":"health endpoints served (plain HTTP)","addr":"127.0.0.1:9"}"#,
+            "2026-12-06T02:25:03Z  INFO vgpu_webhook: health endpoints served (plain HTTP) addr=127.0.0.1:9",
             "",
         ] {
             assert_eq!(address_in_log_line(other), None, "{other:?}");

@@ -1,7 +1,8 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items.
 //! The admission log line through the production subscriber set-up (`info` filter, text without
-//! ANSI colours or flattened JSON), written into a sink: tracing-subscriber's own `SystemTime`
-//! timer (the baseline) against the webhook's `CachedUtcTime`.
+//! ANSI colours or flattened JSON, the batched writer of `logbuf`), its output thrown away:
+//! tracing-subscriber's own `SystemTime` timer (the baseline) against the webhook's
+//! `CachedUtcTime`.
 //! `cargo bench -p vgpu-webhook --bench logline`
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -10,9 +11,10 @@ use std::io::{self, Write};
 use tracing::Subscriber;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::EnvFilter;
+use vgpu_webhook::logbuf::{BatchedWriter, FLUSH_EVERY};
 use vgpu_webhook::logtime::CachedUtcTime;
 
-/// Takes every line and keeps nothing, so the benchmark measures the formatting.
+/// Where the batched writer's thread hands the lines: nothing is kept.
 struct Sink;
 
 impl Write for Sink {
@@ -25,14 +27,15 @@ impl Write for Sink {
     }
 }
 
-fn subscriber<T>(json: bool, timer: T) -> Box<dyn Subscriber + Send + Sync>
+/// The subscriber `init_logging` in webhook/src/main.rs builds, with `timer`.
+fn subscriber<T>(json: bool, timer: T, writer: BatchedWriter) -> Box<dyn Subscriber + Send + Sync>
 where
     T: FormatTime + Send + Sync + 'static,
 {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::new("info"))
         .with_timer(timer)
-        .with_writer(|| Sink);
+        .with_writer(writer);
     if json {
         Box::new(builder.json().flatten_event(true).finish())
     } else {
@@ -57,9 +60,16 @@ fn admission_line(i: u64) {
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("admission log line");
     for (format, json) in [("text", false), ("json", true)] {
+        let (writer, _flush) = BatchedWriter::new(Sink, FLUSH_EVERY);
         for (timer, sub) in [
-            ("SystemTime (baseline)", subscriber(json, SystemTime)),
-            ("CachedUtcTime", subscriber(json, CachedUtcTime)),
+            (
+                "SystemTime (baseline)",
+                subscriber(json, SystemTime, writer.clone()),
+            ),
+            (
+                "CachedUtcTime",
+                subscriber(json, CachedUtcTime, writer.clone()),
+            ),
         ] {
             tracing::subscriber::with_default(sub, || {
                 let mut i = 0u64;

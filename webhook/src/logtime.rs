@@ -2,14 +2,14 @@
 //! (`2026-12-06T02:25:03.351738Z`, UTC, microseconds), with the date and the time of day formatted
 //! once per second per thread instead of once per line.
 //!
-//! The webhook writes a line per admission. Formatting the timestamp through `core::fmt` was a
-//! fifth of a text line's cost and a sixth of a JSON line's (`cargo bench -p vgpu-webhook --bench
-//! logline`: 888 -> 699 ns and 1384 -> 1163 ns per line through the production subscriber set-up);
-//! here a line costs a clock read, a copy of the cached 19 bytes and six digits.
+//! The webhook writes a line per admission, and formatting the timestamp through `core::fmt` was
+//! a fifth of a text line's cost (`cargo bench -p vgpu-webhook --bench logline`; numbers in
+//! docs/BENCHMARKS.md). Here a line costs a clock read, a copy of the cached 19 bytes and six
+//! digits.
 
 use std::cell::Cell;
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{self, FormatTime};
 
@@ -37,26 +37,38 @@ pub struct CachedUtcTime;
 
 impl FormatTime for CachedUtcTime {
     fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
-        let Ok(since_epoch) = SystemTime::now().duration_since(UNIX_EPOCH) else {
-            // A clock before 1970: rare enough to format the slow way.
-            return time::SystemTime.format_time(w);
-        };
-        let second = since_epoch.as_secs();
-        if second > LAST_FOUR_DIGIT_SECOND {
-            return time::SystemTime.format_time(w);
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .and_then(|since_epoch| LAST.with(|last| stamp_at(since_epoch, last)));
+        match stamp {
+            // Only ASCII digits and separators: the check cannot fail, and costs less than the
+            // `unsafe` that would skip it.
+            Some(stamp) => w.write_str(std::str::from_utf8(&stamp).map_err(|_| fmt::Error)?),
+            // Before 1970 or after 9999: rare enough to format the slow way (which reads the
+            // clock again, a microsecond later at most).
+            None => time::SystemTime.format_time(w),
         }
-        let prefix = LAST.with(|last| match last.get() {
-            Some(c) if c.second == second => c.prefix,
-            _ => {
-                let prefix = prefix(second);
-                last.set(Some(Cached { second, prefix }));
-                prefix
-            }
-        });
-        let stamp = stamp(&prefix, since_epoch.subsec_micros());
-        // Every byte written is an ASCII digit or separator.
-        w.write_str(std::str::from_utf8(&stamp).map_err(|_| fmt::Error)?)
     }
+}
+
+/// The timestamp of `since_epoch`, through `last` (this thread's cache): its date and time of day
+/// are formatted only when its second is not the last one formatted. `None` past
+/// [`LAST_FOUR_DIGIT_SECOND`].
+fn stamp_at(since_epoch: Duration, last: &Cell<Option<Cached>>) -> Option<[u8; 27]> {
+    let second = since_epoch.as_secs();
+    if second > LAST_FOUR_DIGIT_SECOND {
+        return None;
+    }
+    let prefix = match last.get() {
+        Some(c) if c.second == second => c.prefix,
+        _ => {
+            let prefix = prefix(second);
+            last.set(Some(Cached { second, prefix }));
+            prefix
+        }
+    };
+    Some(stamp(&prefix, since_epoch.subsec_micros()))
 }
 
 /// `prefix` followed by `.ffffffZ`.
@@ -89,6 +101,7 @@ fn put_digits(out: &mut [u8], mut value: u32) {
         *b = b'0' + (value % 10) as u8;
         value /= 10;
     }
+    debug_assert_eq!(value, 0, "a value wider than its field");
 }
 
 /// Year, month (1-12) and day (1-31) of the day `days` after 1970-01-01, proleptic Gregorian
@@ -168,36 +181,48 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_follows_the_second_forwards_and_backwards() {
+        let last = Cell::new(None);
+        let at = |s: u64, us: u32| {
+            let t = Duration::from_secs(s) + Duration::from_micros(u64::from(us));
+            String::from_utf8(stamp_at(t, &last).unwrap().to_vec()).unwrap()
+        };
+        assert_eq!(at(1_796_523_903, 1), "2026-12-06T02:25:03.000001Z");
+        assert_eq!(at(1_796_523_903, 999_999), "2026-12-06T02:25:03.999999Z");
+        assert_eq!(at(1_796_523_904, 0), "2026-12-06T02:25:04.000000Z");
+        // A clock stepped back, or a line formatted late: the older second again.
+        assert_eq!(at(1_796_523_903, 5), "2026-12-06T02:25:03.000005Z");
+        assert_eq!(at(86_399, 0), "1970-01-01T23:59:59.000000Z");
+        assert_eq!(at(86_400, 0), "1970-01-02T00:00:00.000000Z");
+        // Nanoseconds are cut to microseconds, as tracing-subscriber does.
+        let t = Duration::new(86_400, 999_999_999);
+        assert_eq!(&stamp_at(t, &last).unwrap()[19..], b".999999Z");
+        assert_eq!(
+            stamp_at(Duration::from_secs(LAST_FOUR_DIGIT_SECOND + 1), &last),
+            None
+        );
+    }
+
+    #[test]
     fn the_timer_writes_now_in_the_same_shape_as_the_slow_timer() {
-        let mut ours = String::new();
-        let mut theirs = String::new();
-        CachedUtcTime
-            .format_time(&mut Writer::new(&mut ours))
-            .unwrap();
-        time::SystemTime
-            .format_time(&mut Writer::new(&mut theirs))
-            .unwrap();
-        // Same length and separators; the instants differ by the microseconds between the calls.
-        assert_eq!(ours.len(), theirs.len(), "{ours} vs {theirs}");
+        let now = |timer: &dyn FormatTime| {
+            let mut s = String::new();
+            timer.format_time(&mut Writer::new(&mut s)).unwrap();
+            s
+        };
+        let before = now(&time::SystemTime);
+        let ours = now(&CachedUtcTime);
+        let after = now(&time::SystemTime);
         let shape = |s: &str| {
             s.chars()
                 .map(|c| if c.is_ascii_digit() { '9' } else { c })
                 .collect::<String>()
         };
-        assert_eq!(shape(&ours), shape(&theirs));
-        let mut after = String::new();
-        time::SystemTime
-            .format_time(&mut Writer::new(&mut after))
-            .unwrap();
+        assert_eq!(shape(&ours), shape(&before), "{ours} vs {before}");
+        // Same format, so the text orders as the instants do.
         assert!(
-            ours[..10] == theirs[..10] || ours[..10] == after[..10],
-            "{ours} is not between {theirs} and {after}"
+            before <= ours && ours <= after,
+            "{ours} is not between {before} and {after}"
         );
-        // A second call in the same second takes the cached prefix and still agrees.
-        let mut again = String::new();
-        CachedUtcTime
-            .format_time(&mut Writer::new(&mut again))
-            .unwrap();
-        assert_eq!(again[..10], ours[..10]);
     }
 }
