@@ -14,11 +14,33 @@ pub fn free_port() -> u16 {
 
 /// The socket address in a start-up log line of ours (`... addr=127.0.0.1:41234 ...`).
 pub fn addr_after(line: &str) -> SocketAddr {
+    addr_field(line).unwrap_or_else(|| panic!("no address in {line:?}"))
+}
+
+/// The first `addr=` field of a text-format log line.
+fn addr_field(line: &str) -> Option<SocketAddr> {
     line.split("addr=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.trim_matches('"').parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .trim_matches('"')
+        .parse()
+        .ok()
+}
+
+/// The address of a server's `listening` line: `listening addr=127.0.0.1:8443` in the text
+/// format, or `"message":"listening"` with an `"addr"` field in the JSON format (`--log-format
+/// json`, as the chart runs the webhook). Other lines with an address, such as the webhook's
+/// `health endpoints served (plain HTTP) addr=...` logged before it, are not the one.
+pub fn listening_addr(line: &str) -> Option<SocketAddr> {
+    if let Some(at) = line.find(" listening addr=") {
+        return addr_field(&line[at..]);
+    }
+    let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    if value.get("message")?.as_str()? != "listening" {
+        return None;
+    }
+    value.get("addr")?.as_str()?.parse().ok()
 }
 
 /// One plain HTTP/1.1 request with a JSON content type on a new connection. A connection that
@@ -53,4 +75,37 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
         status,
         String::from_utf8_lossy(&body.to_bytes()).into_owned(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listening_address_is_read_from_text_and_json_log_lines() {
+        let addr = |s: &str| s.parse::<SocketAddr>().ok();
+        let text =
+            "2026-12-06T02:25:03.351738Z  INFO vgpu_webhook: listening addr=127.0.0.1:41234\n";
+        assert_eq!(listening_addr(text), addr("127.0.0.1:41234"));
+        assert_eq!(
+            listening_addr("hello listening addr=127.0.0.1:5\n"),
+            addr("127.0.0.1:5")
+        );
+        let json = r#"{"timestamp":"2026-12-06T02:25:03Z","level":"INFO","message":"listening","addr":"127.0.0.1:8443","target":"vgpu_webhook"}"#;
+        assert_eq!(listening_addr(json), addr("127.0.0.1:8443"));
+        for other in [
+            "2026-12-06T02:25:03Z  WARN vgpu_webhook: no Kubernetes API configured\n",
+            r#"{"level":"WARN","message":"no Kubernetes API configured"}"#,
+            r#"{"message":"listening","addr":7}"#,
+            r#"{"message":"health endpoints served (plain HTTP)","addr":"127.0.0.1:9"}"#,
+            "2026-12-06T02:25:03Z  INFO vgpu_webhook: health endpoints served (plain HTTP) addr=127.0.0.1:9",
+            "",
+        ] {
+            assert_eq!(listening_addr(other), None, "{other:?}");
+        }
+        assert_eq!(
+            addr_after("x addr=\"127.0.0.1:9\" y"),
+            addr("127.0.0.1:9").unwrap()
+        );
+    }
 }

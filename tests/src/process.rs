@@ -135,56 +135,9 @@ pub fn start_webhook(
         .args(extra);
     let mut proc = Running::spawn("vgpu-webhook", cmd);
     let line = proc.wait_for_line(Duration::from_secs(20), |l| {
-        address_in_log_line(l).is_some()
+        crate::net::listening_addr(l).is_some()
     });
-    let addr = address_in_log_line(&line)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let addr =
+        crate::net::listening_addr(&line).unwrap_or_else(|| panic!("no address in {line:?}"));
     (proc, addr)
-}
-
-/// The address of a server's `listening` line: `listening addr=127.0.0.1:8443` in the text
-/// format, or `"message":"listening"` with an `"addr"` field in the JSON format (`--log-format
-/// json`, as the chart runs the webhook). Other lines with an address, such as the webhook's
-/// `health endpoints served (plain HTTP) addr=...` logged before it, are not the one.
-pub fn address_in_log_line(line: &str) -> Option<String> {
-    if let Some(addr) = line.split(" listening addr=").nth(1) {
-        return addr.split_whitespace().next().map(str::to_string);
-    }
-    let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
-    if value.get("message")?.as_str()? != "listening" {
-        return None;
-    }
-    value.get("addr")?.as_str().map(str::to_string)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_address_is_read_from_text_and_json_log_lines() {
-        let text =
-            "2026-12-06T02:25:03.351738Z  INFO vgpu_webhook: listening addr=127.0.0.1:41234\n";
-        assert_eq!(
-            address_in_log_line(text).as_deref(),
-            Some("127.0.0.1:41234")
-        );
-        assert_eq!(
-            address_in_log_line("hello listening addr=127.0.0.1:5\n").as_deref(),
-            Some("127.0.0.1:5")
-        );
-        let json = r#"{"timestamp":"2026-12-06T02:25:03Z","level":"INFO","message":"listening","addr":"127.0.0.1:8443","target":"vgpu_webhook"}"#;
-        assert_eq!(address_in_log_line(json).as_deref(), Some("127.0.0.1:8443"));
-        for other in [
-            "2026-12-06T02:25:03Z  WARN vgpu_webhook: no Kubernetes API configured\n",
-            r#"{"level":"WARN","message":"no Kubernetes API configured"}"#,
-            r#"{"message":"listening","addr":7}"#,
-            r#"{"message":"health endpoints served (plain HTTP)","addr":"127.0.0.1:9"}"#,
-            "2026-12-06T02:25:03Z  INFO vgpu_webhook: health endpoints served (plain HTTP) addr=127.0.0.1:9",
-            "",
-        ] {
-            assert_eq!(address_in_log_line(other), None, "{other:?}");
-        }
-    }
 }

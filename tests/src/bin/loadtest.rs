@@ -339,7 +339,7 @@ impl Server {
             let mut reader = BufReader::with_capacity(1 << 16, stderr);
             let mut line = String::new();
             while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                if let Some(addr) = vgpu_tests::process::address_in_log_line(&line) {
+                if let Some(addr) = vgpu_tests::net::listening_addr(&line) {
                     let _ = tx.send(addr);
                     break;
                 }
@@ -355,7 +355,7 @@ impl Server {
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .context("server did not report its address")?;
-        server.addr = addr.parse().context("bad address")?;
+        server.addr = addr;
         Ok(server)
     }
 }
