@@ -141,11 +141,15 @@ impl ReloadingCert {
         // steps; a deleted directory sends one per file): warn once per distinct failure.
         let mut repeats = RepeatFilter::default();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if let Err(e) = event {
-                if repeats.first(&e.to_string()) {
-                    tracing::warn!(error = %e, "certificate watch error; keeping the current certificate");
+            match event {
+                Err(e) => {
+                    if repeats.first(&e.to_string()) {
+                        tracing::warn!(error = %e, "certificate watch error; keeping the current certificate");
+                    }
+                    return;
                 }
-                return;
+                Ok(e) if !changes_content(&e.kind) => return,
+                Ok(_) => {}
             }
             match me.reload() {
                 Ok(true) => {
@@ -184,6 +188,21 @@ impl ReloadingCert {
                 })?;
         }
         Ok(CertWatcher { _watcher: watcher })
+    }
+}
+
+/// Whether an event can mean new file contents. notify's inotify backend watches with a mask that
+/// includes IN_OPEN and IN_CLOSE_NOWRITE, and a reload opens and reads both files: reloading on
+/// those would fire the next event from the reload itself, a busy loop (about 15 000 reloads a
+/// second, a whole core, on plain certificate files). Only writes, creations, renames, removals
+/// and the catch-all kinds can change what the paths hold.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    use notify::EventKind;
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
     }
 }
 

@@ -162,7 +162,7 @@ impl Shared {
                     &claim.uid,
                     &claim.container.name,
                 );
-                std::fs::create_dir_all(&dir)
+                create_accounting_dir(&dir)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
                 let answer =
                     allocate::assigned(&self.settings.host_dir, &claim.uid, &claim.container);
@@ -327,6 +327,19 @@ pub fn options() -> api::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
     }
+}
+
+/// Creates a container's accounting directory, writable by every user: the plugin cannot know which
+/// uid the container's processes run as (`runAsUser`, the image's `USER`, or several), the kubelet
+/// neither creates nor chowns device-plugin mounts, and `fsGroup` does not reach them. The
+/// directory is mounted into that one container only (at `/tmp/vgpu`), so the mode opens it to
+/// that container's users and to host root; sticky, as `/tmp`, so one user cannot remove
+/// another's file.
+fn create_accounting_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    // create_dir_all is subject to the umask; the mode is set explicitly.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
 }
 
 /// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container

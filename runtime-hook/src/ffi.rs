@@ -795,6 +795,15 @@ fn map_file(path: &std::path::Path) -> Result<&'static [AtomicU64], MapError> {
             .open(path),
     )?;
     let meta = step("cannot stat it", file.metadata())?;
+    // Created 0666 less the process's umask: every process of the container shares the file,
+    // whatever its uid, so its creator opens it to all (the directory is the container's alone).
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid has no preconditions.
+        if meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o666 != 0o666 {
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+        }
+    }
     if !meta.is_file() {
         return Err(MapError {
             step: "not a regular file",

@@ -89,9 +89,9 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
 
 fn args(names: &[String], limits: serde_json::Value) -> ExtenderArgs {
     serde_json::from_value(json!({
-        "pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "bench-uid"},
+        "Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "bench-uid"},
             "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}},
-        "nodenames": names,
+        "NodeNames": names,
     }))
     .unwrap()
 }

@@ -1,10 +1,19 @@
 //! The kube-scheduler extender v1 wire types (`k8s.io/kube-scheduler/extender/v1`), with the JSON
 //! field names kube-scheduler writes and reads.
 //!
+//! Those Go types (staging/src/k8s.io/kube-scheduler/extender/v1/types.go) declare no json tags,
+//! so Go's encoding/json names each field exactly as the Go field: `Pod`, `Nodes`, `NodeNames`,
+//! `PodName`, `PodUID`, ... kube-scheduler's HTTPExtender (pkg/scheduler/extender.go, `send`)
+//! marshals the args that way and decodes answers with encoding/json, whose field matching is
+//! case-insensitive; we write the Go names too, so an answer reads the same to any decoder. The
+//! bodies kube-scheduler v1.36 really sends are checked in under tests/fixtures/kube-scheduler/
+//! and compared with a live kube-scheduler by the real-cluster tier.
+//!
 //! kube-scheduler sends `ExtenderArgs` to the filter and prioritize verbs. With
-//! `nodeCacheCapable: true` (our chart) it sends only `nodenames` and expects `nodenames` back;
-//! otherwise it sends whole Node objects in `nodes` and expects the passing ones back in `nodes`.
-//! Both are handled. Node objects are kept as raw JSON: the extender reads only their names.
+//! `nodeCacheCapable: true` (our chart) it sends only `NodeNames` (and `Nodes: null`) and expects
+//! `NodeNames` back; otherwise it sends whole Node objects in `Nodes` and expects the passing ones
+//! back in `Nodes`. Both are handled. Node objects are kept as raw JSON: the extender reads only
+//! their names.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,12 +24,13 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExtenderArgs {
     /// The pod being scheduled, whole.
+    #[serde(rename = "Pod", default)]
     pub pod: Option<k8s_openapi::api::core::v1::Pod>,
     /// Candidate nodes, whole (when the extender is not node-cache capable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Nodes", default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeList>,
     /// Candidate node names (when node-cache capable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "NodeNames", default, skip_serializing_if = "Option::is_none")]
     pub nodenames: Option<Vec<String>>,
 }
 
@@ -96,28 +106,28 @@ impl<'de> Deserialize<'de> for FailedNodesMap {
 /// The answer to a filter call.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExtenderFilterResult {
-    /// Passing nodes, whole (when asked with `nodes`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Passing nodes, whole (when asked with `Nodes`).
+    #[serde(rename = "Nodes", default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeList>,
-    /// Passing node names (when asked with `nodenames`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Passing node names (when asked with `NodeNames`).
+    #[serde(rename = "NodeNames", default, skip_serializing_if = "Option::is_none")]
     pub nodenames: Option<Vec<String>>,
     /// Nodes that do not fit now, and why; preemption may free them.
     #[serde(
         default,
-        rename = "failedNodes",
+        rename = "FailedNodes",
         skip_serializing_if = "FailedNodesMap::is_empty"
     )]
     pub failed_nodes: FailedNodesMap,
     /// Nodes that cannot fit whatever is preempted, and why.
     #[serde(
         default,
-        rename = "failedAndUnresolvableNodes",
+        rename = "FailedAndUnresolvableNodes",
         skip_serializing_if = "FailedNodesMap::is_empty"
     )]
     pub failed_and_unresolvable_nodes: FailedNodesMap,
     /// A failure of the call itself.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(rename = "Error", default, skip_serializing_if = "String::is_empty")]
     pub error: String,
 }
 
@@ -125,8 +135,10 @@ pub struct ExtenderFilterResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostPriority {
     /// Node name.
+    #[serde(rename = "Host")]
     pub host: String,
     /// Score.
+    #[serde(rename = "Score")]
     pub score: i64,
 }
 
@@ -137,15 +149,16 @@ pub type HostPriorityList = Vec<HostPriority>;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtenderBindingArgs {
     /// Pod name.
-    #[serde(rename = "podName")]
+    #[serde(rename = "PodName")]
     pub pod_name: String,
     /// Pod namespace.
-    #[serde(rename = "podNamespace")]
+    #[serde(rename = "PodNamespace")]
     pub pod_namespace: String,
     /// Pod UID.
-    #[serde(rename = "podUID")]
+    #[serde(rename = "PodUID")]
     pub pod_uid: String,
     /// The node chosen.
+    #[serde(rename = "Node")]
     pub node: String,
 }
 
@@ -153,7 +166,7 @@ pub struct ExtenderBindingArgs {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtenderBindingResult {
     /// Why binding failed.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(rename = "Error", default, skip_serializing_if = "String::is_empty")]
     pub error: String,
 }
 
@@ -327,13 +340,13 @@ impl PodView<'_> {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ArgsView<'a> {
     /// The pod.
-    #[serde(borrow, default)]
+    #[serde(rename = "Pod", borrow, default)]
     pub pod: Option<PodView<'a>>,
     /// Whether whole nodes were sent.
-    #[serde(default)]
+    #[serde(rename = "Nodes", default)]
     pub nodes: Option<serde::de::IgnoredAny>,
     /// Candidate node names.
-    #[serde(borrow, default)]
+    #[serde(rename = "NodeNames", borrow, default)]
     pub nodenames: Option<Vec<Name<'a>>>,
 }
 
@@ -428,8 +441,8 @@ mod tests {
     #[test]
     fn reads_and_writes_kube_scheduler_shapes() {
         let args: ExtenderArgs = serde_json::from_value(json!({
-            "pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": []}},
-            "nodenames": ["n1", "n2"]
+            "Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": []}},
+            "NodeNames": ["n1", "n2"]
         }))
         .unwrap();
         assert_eq!(
@@ -438,8 +451,8 @@ mod tests {
         );
         assert!(args.nodes.is_none());
         let args: ExtenderArgs = serde_json::from_value(json!({
-            "pod": {"metadata": {"name": "p"}},
-            "nodes": {"metadata": {}, "items": [{"metadata": {"name": "n1"}}]}
+            "Pod": {"metadata": {"name": "p"}},
+            "Nodes": {"metadata": {}, "items": [{"metadata": {"name": "n1"}}]}
         }))
         .unwrap();
         assert_eq!(node_name(&args.nodes.unwrap().items[0]), Some("n1"));
@@ -451,14 +464,14 @@ mod tests {
         r.failed_nodes.insert("n2".into(), "no GPU".into());
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
-            json!({"nodenames": ["n1"], "failedNodes": {"n2": "no GPU"}})
+            json!({"NodeNames": ["n1"], "FailedNodes": {"n2": "no GPU"}})
         );
         r.failed_and_unresolvable_nodes
             .insert("n3".into(), "bad".into());
         r.error = "x".into();
         let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["failedAndUnresolvableNodes"], json!({"n3": "bad"}));
-        assert_eq!(v["error"], "x");
+        assert_eq!(v["FailedAndUnresolvableNodes"], json!({"n3": "bad"}));
+        assert_eq!(v["Error"], "x");
 
         let p: HostPriorityList = vec![HostPriority {
             host: "n1".into(),
@@ -466,11 +479,11 @@ mod tests {
         }];
         assert_eq!(
             serde_json::to_value(&p).unwrap(),
-            json!([{"host": "n1", "score": 7}])
+            json!([{"Host": "n1", "Score": 7}])
         );
 
         let b: ExtenderBindingArgs = serde_json::from_value(json!({
-            "podName": "p", "podNamespace": "ns", "podUID": "u1", "node": "n1"
+            "PodName": "p", "PodNamespace": "ns", "PodUID": "u1", "Node": "n1"
         }))
         .unwrap();
         assert_eq!(b.pod_uid, "u1");

@@ -326,7 +326,7 @@ impl AppState {
             }
         };
         let Some(pod) = &args.pod else {
-            result.error = "extender args carry no pod".into();
+            result.error = "extender args carry no Pod (kube-scheduler sends the Go field names Pod, Nodes, NodeNames)".into();
             return result;
         };
         let req = match self.request(pod) {
@@ -405,7 +405,7 @@ impl AppState {
         };
         let names: Vec<&str> = view.nodenames.iter().flatten().map(Name::as_str).collect();
         let mut out = Vec::with_capacity(32 + names.len() * 16);
-        out.extend_from_slice(b"{\"nodenames\":[");
+        out.extend_from_slice(b"{\"NodeNames\":[");
         let mut first = true;
         let mut passing = |out: &mut Vec<u8>, n: &str| {
             if !std::mem::take(&mut first) {
@@ -420,13 +420,13 @@ impl AppState {
             failed.push(b':');
             push_json_str(&mut failed, why);
         };
-        let mut failed_key = "failedNodes";
+        let mut failed_key = "FailedNodes";
         match self.request_view(pod) {
             // Not a vGPU pod: every node is fine as far as GPUs go.
             Ok(None) => names.iter().for_each(|n| passing(&mut out, n)),
             // No node can change a malformed request.
             Err(e) => {
-                failed_key = "failedAndUnresolvableNodes";
+                failed_key = "FailedAndUnresolvableNodes";
                 let mut msg = String::new();
                 for n in &names {
                     use std::fmt::Write;
@@ -530,9 +530,9 @@ impl AppState {
             if out.len() > 1 {
                 out.push(b',');
             }
-            out.extend_from_slice(b"{\"host\":");
+            out.extend_from_slice(b"{\"Host\":");
             push_json_str(&mut out, n);
-            out.extend_from_slice(b",\"score\":");
+            out.extend_from_slice(b",\"Score\":");
             push_u32(&mut out, score);
             out.push(b'}');
         };
@@ -825,55 +825,55 @@ mod tests {
     #[tokio::test]
     async fn filter_by_names_explains_failures_and_prioritize_scores() {
         let s = state();
-        let args = json!({"pod": pod(json!({"nvidia.com/gpumem": "8192"})),
-            "nodenames": ["big", "small", "gone"]});
+        let args = json!({"Pod": pod(json!({"nvidia.com/gpumem": "8192"})),
+            "NodeNames": ["big", "small", "gone"]});
         let (code, r) = call(extender_app(s.clone()), "/filter", args.clone()).await;
         assert_eq!(code, StatusCode::OK);
-        assert_eq!(r["nodenames"], json!(["big"]));
+        assert_eq!(r["NodeNames"], json!(["big"]));
         assert_eq!(
-            r["failedNodes"]["small"],
+            r["FailedNodes"]["small"],
             "small: no GPU with 8192 MiB free (largest 4096 MiB on GPU-small)"
         );
         assert_eq!(
-            r["failedNodes"]["gone"],
+            r["FailedNodes"]["gone"],
             "gone: not known to the vGPU extender (no Node object seen)"
         );
         let (_, p) = call(
             extender_app(s.clone()),
             "/prioritize",
-            json!({"pod": args["pod"], "nodenames": ["big"]}),
+            json!({"Pod": args["Pod"], "NodeNames": ["big"]}),
         )
         .await;
         // Binpack: half of the card's memory, no cores: a quarter used, score 3 of 10.
-        assert_eq!(p, json!([{"host": "big", "score": 3}]));
+        assert_eq!(p, json!([{"Host": "big", "Score": 3}]));
         // Without a cached filter, prioritize computes the same.
         let (_, p) = call(
             extender_app(s),
             "/prioritize",
-            json!({"pod": args["pod"], "nodenames": ["big", "small"]}),
+            json!({"Pod": args["Pod"], "NodeNames": ["big", "small"]}),
         )
         .await;
         assert_eq!(
             p,
-            json!([{"host": "big", "score": 3}, {"host": "small", "score": 0}])
+            json!([{"Host": "big", "Score": 3}, {"Host": "small", "Score": 0}])
         );
     }
 
     #[tokio::test]
     async fn filter_with_whole_nodes_returns_whole_nodes() {
         let s = state();
-        let args = json!({"pod": pod(json!({"nvidia.com/gpumem": "8192"})),
-            "nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
+        let args = json!({"Pod": pod(json!({"nvidia.com/gpumem": "8192"})),
+            "Nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
                 {"metadata": {"name": "big", "labels": {"a": "b"}}},
                 {"metadata": {"name": "small"}}]}});
         let (_, r) = call(extender_app(s), "/filter", args).await;
         assert_eq!(
-            r["nodes"]["items"],
+            r["Nodes"]["items"],
             json!([{"metadata": {"name": "big", "labels": {"a": "b"}}}])
         );
-        assert_eq!(r["nodes"]["kind"], "NodeList");
-        assert!(r.get("nodenames").is_none());
-        assert!(r["failedNodes"]["small"].is_string());
+        assert_eq!(r["Nodes"]["kind"], "NodeList");
+        assert!(r.get("NodeNames").is_none());
+        assert!(r["FailedNodes"]["small"].is_string());
     }
 
     #[tokio::test]
@@ -882,19 +882,19 @@ mod tests {
         let (_, r) = call(
             extender_app(s.clone()),
             "/filter",
-            json!({"pod": pod(json!({"cpu": "1"})), "nodenames": ["big", "x"]}),
+            json!({"Pod": pod(json!({"cpu": "1"})), "NodeNames": ["big", "x"]}),
         )
         .await;
-        assert_eq!(r["nodenames"], json!(["big", "x"]));
+        assert_eq!(r["NodeNames"], json!(["big", "x"]));
         let (_, r) = call(
             extender_app(s.clone()),
             "/filter",
-            json!({"pod": pod(json!({"nvidia.com/gpucores": "150"})), "nodenames": ["big"]}),
+            json!({"Pod": pod(json!({"nvidia.com/gpucores": "150"})), "NodeNames": ["big"]}),
         )
         .await;
-        assert_eq!(r["nodenames"], json!([]));
+        assert_eq!(r["NodeNames"], json!([]));
         assert_eq!(
-            r["failedAndUnresolvableNodes"]["big"],
+            r["FailedAndUnresolvableNodes"]["big"],
             "big: container \"main\": nvidia.com/gpucores: 150 is out of range 0-100"
         );
         // Whole nodes beyond axum's 2 MiB default are still read.
@@ -904,25 +904,25 @@ mod tests {
         let (code, r) = call(
             extender_app(s.clone()),
             "/filter",
-            json!({"pod": pod(json!({"cpu": "1"})), "nodes": {"items": items}}),
+            json!({"Pod": pod(json!({"cpu": "1"})), "Nodes": {"items": items}}),
         )
         .await;
         assert_eq!(code, StatusCode::OK);
-        assert_eq!(r["nodes"]["items"].as_array().unwrap().len(), 600);
+        assert_eq!(r["Nodes"]["items"].as_array().unwrap().len(), 600);
         let (code, body) = call(extender_app(s.clone()), "/filter", json!([1])).await;
         assert_eq!(code, StatusCode::BAD_REQUEST);
         assert!(body.as_str().unwrap().contains("not ExtenderArgs JSON"));
-        let (code, _) = call(extender_app(s.clone()), "/bind", json!({"podName": 3})).await;
+        let (code, _) = call(extender_app(s.clone()), "/bind", json!({"PodName": 3})).await;
         assert_eq!(code, StatusCode::BAD_REQUEST);
         // Bind without an API client answers an error, not a crash.
         let (code, r) = call(
             extender_app(s),
             "/bind",
-            json!({"podName": "p", "podNamespace": "ns", "podUID": "u", "node": "big"}),
+            json!({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "big"}),
         )
         .await;
         assert_eq!(code, StatusCode::OK);
-        assert_eq!(r["error"], "no API client configured");
+        assert_eq!(r["Error"], "no API client configured");
     }
 
     #[tokio::test]
@@ -1014,30 +1014,30 @@ mod tests {
             p
         };
         let bodies = vec![
-            json!({"pod": pod(json!({"nvidia.com/gpumem": "8192"})), "nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": "30"})), "nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"})), "nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpu": "9"})), "nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpucores": "150"})), "nodenames": names}),
-            json!({"pod": pod(json!({"cpu": "1"})), "nodenames": names}),
-            json!({"pod": annotated(json!({"nvidia.com/gpu": "2"}), json!({"nvidia.com/use-gputype": "a100", "other": "x", "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}"})), "nodenames": names}),
-            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/nouse-gputype": "A100,t4"})), "nodenames": names}),
-            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/use-gpuuuid": "GPU-3-1"})), "nodenames": names}),
-            json!({"pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"hami.io/node-scheduler-policy": "nope"})), "nodenames": names}),
-            json!({"pod": annotated(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), json!({"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"})), "nodenames": names}),
-            json!({"pod": {"metadata": {"name": "p", "uid": "u2"}, "spec": {
+            json!({"Pod": pod(json!({"nvidia.com/gpumem": "8192"})), "NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": "30"})), "NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"})), "NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpu": "9"})), "NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpucores": "150"})), "NodeNames": names}),
+            json!({"Pod": pod(json!({"cpu": "1"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "2"}), json!({"nvidia.com/use-gputype": "a100", "other": "x", "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/nouse-gputype": "A100,t4"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/use-gpuuuid": "GPU-3-1"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"hami.io/node-scheduler-policy": "nope"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), json!({"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"})), "NodeNames": names}),
+            json!({"Pod": {"metadata": {"name": "p", "uid": "u2"}, "spec": {
                 "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpumem": "30000"}}}],
                 "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000"}, "requests": {"nvidia.com/gpu": "2"}}},
                     {"name": "b", "resources": {"requests": {"nvidia.com/gpumem": "24000"}}}]},
-                "status": {"phase": "Pending"}}, "nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"})), "nodenames": []}),
-            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"}))}),
-            json!({"nodenames": names}),
-            json!({"pod": pod(json!({"nvidia.com/gpumem": "1000"})), "nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "small"}}]}}),
-            json!({"pod": {"metadata": {"uid": "u3"}}, "nodenames": names}),
-            json!({"pod": {"spec": {}}, "nodenames": names}),
-            json!({"pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}, "nodenames": names}),
-            json!({"pod": {"spec": {"containers": null}}, "nodenames": names}),
+                "status": {"phase": "Pending"}}, "NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpumem": "1000"})), "NodeNames": []}),
+            json!({"Pod": pod(json!({"nvidia.com/gpumem": "1000"}))}),
+            json!({"NodeNames": names}),
+            json!({"Pod": pod(json!({"nvidia.com/gpumem": "1000"})), "Nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "small"}}]}}),
+            json!({"Pod": {"metadata": {"uid": "u3"}}, "NodeNames": names}),
+            json!({"Pod": {"spec": {}}, "NodeNames": names}),
+            json!({"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}, "NodeNames": names}),
+            json!({"Pod": {"spec": {"containers": null}}, "NodeNames": names}),
         ];
         for body in &bodies {
             let bytes = serde_json::to_vec(body).unwrap();
@@ -1056,9 +1056,9 @@ mod tests {
         // Not extender JSON: the same 400 message as the typed read gives.
         for bad in [
             &b"[1]"[..],
-            b"{\"pod\": 3}",
-            b"{\"pod\": {\"spec\": {\"containers\": 5}}}",
-            b"{\"nodenames\": [1]}",
+            b"{\"Pod\": 3}",
+            b"{\"Pod\": {\"spec\": {\"containers\": 5}}}",
+            b"{\"NodeNames\": [1]}",
             b"{",
         ] {
             let e = serde_json::from_slice::<ExtenderArgs>(bad).unwrap_err();
@@ -1078,7 +1078,7 @@ mod tests {
         let now = unix_now();
         let p = pod(json!({"nvidia.com/gpumem": "4096"}));
         let body = |p: &Value, names: Value| {
-            serde_json::to_vec(&json!({"pod": p, "nodenames": names})).unwrap()
+            serde_json::to_vec(&json!({"Pod": p, "NodeNames": names})).unwrap()
         };
         let scores = |b: &[u8]| -> Value {
             serde_json::from_slice(&s.prioritize_json(b, now).unwrap().body).unwrap()
@@ -1088,7 +1088,7 @@ mod tests {
         // Binpack: 4 GiB of 16 GiB is an eighth used (score 1), of 4 GiB half (score 5).
         assert_eq!(
             scores(&f),
-            json!([{"host": "big", "score": 1}, {"host": "small", "score": 5}])
+            json!([{"Host": "big", "Score": 1}, {"Host": "small", "Score": 5}])
         );
         // A pod placed on "big" between filter and prioritize: the scores follow.
         s.filter_json(&f, now).unwrap();
@@ -1110,7 +1110,7 @@ mod tests {
         );
         assert_eq!(
             scores(&f),
-            json!([{"host": "big", "score": 4}, {"host": "small", "score": 5}])
+            json!([{"Host": "big", "Score": 4}, {"Host": "small", "Score": 5}])
         );
         // The pod's policy changed between the calls: computed for the new request.
         s.filter_json(&f, now).unwrap();
@@ -1118,13 +1118,13 @@ mod tests {
         spread["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": "spread"});
         assert_eq!(
             scores(&body(&spread, json!(["big", "small"]))),
-            json!([{"host": "big", "score": 6}, {"host": "small", "score": 5}])
+            json!([{"Host": "big", "Score": 6}, {"Host": "small", "Score": 5}])
         );
         // Other names, or another order: computed.
         s.filter_json(&f, now).unwrap();
         assert_eq!(
             scores(&body(&p, json!(["small", "big"]))),
-            json!([{"host": "small", "score": 5}, {"host": "big", "score": 4}])
+            json!([{"Host": "small", "Score": 5}, {"Host": "big", "Score": 4}])
         );
     }
 
@@ -1175,9 +1175,9 @@ mod tests {
             "nvidia.com/gpucores": percent.to_string(),
         }));
         p["metadata"]["annotations"] = json!({"hami.io/node-scheduler-policy": policy});
-        let body = json!({"pod": p, "nodenames": ["roomy", "tight"]});
+        let body = json!({"Pod": p, "NodeNames": ["roomy", "tight"]});
         let (_, v) = call(extender_app(s.clone()), "/prioritize", body).await;
-        let score = |i: usize| v[i]["score"].as_i64().unwrap();
+        let score = |i: usize| v[i]["Score"].as_i64().unwrap();
         (score(0), score(1))
     }
 
@@ -1215,15 +1215,15 @@ mod tests {
                     .iter()
                     .map(|n| json!({"metadata": {"name": n}}))
                     .collect();
-                json!({"pod": p, "nodes": {"metadata": {}, "items": items}})
+                json!({"Pod": p, "Nodes": {"metadata": {}, "items": items}})
             } else {
-                json!({"pod": p, "nodenames": names})
+                json!({"Pod": p, "NodeNames": names})
             };
             let app = extender_app(s.clone());
             async move {
                 let (_, r) = call(app, "/filter", args).await;
                 if whole {
-                    let names: Vec<Value> = r["nodes"]["items"]
+                    let names: Vec<Value> = r["Nodes"]["items"]
                         .as_array()
                         .unwrap()
                         .iter()
@@ -1231,7 +1231,7 @@ mod tests {
                         .collect();
                     (Value::Array(names), r)
                 } else {
-                    (r["nodenames"].clone(), r)
+                    (r["NodeNames"].clone(), r)
                 }
             }
         };
@@ -1241,7 +1241,7 @@ mod tests {
             // Binpack: n-used is the fullest that still fits 2000 MiB (n-full has 1000 left).
             let (names, r) = filter(&on, 2000, &all, whole).await;
             assert_eq!(names, json!(["n-used"]), "{r}");
-            assert!(r["failedNodes"]["n-full"].is_string(), "{r}");
+            assert!(r["FailedNodes"]["n-full"].is_string(), "{r}");
             // 7000 MiB fits only the idle cards, equal scores: the smaller name, in any order.
             let (names, _) = filter(&on, 7000, &all, whole).await;
             assert_eq!(names, json!(["n-a"]));
@@ -1250,7 +1250,7 @@ mod tests {
             // Nothing fits: nothing passes, every node says why.
             let (names, r) = filter(&on, 20000, &all, whole).await;
             assert_eq!(names, json!([]));
-            assert_eq!(r["failedNodes"].as_object().unwrap().len(), 4);
+            assert_eq!(r["FailedNodes"].as_object().unwrap().len(), 4);
         }
         // Prioritize after a choosing filter: over the chosen node (the filter's memo), and over
         // any other list (computed): the chosen node's score is the best of them.
@@ -1259,23 +1259,23 @@ mod tests {
         let (_, one) = call(
             extender_app(on.clone()),
             "/prioritize",
-            json!({"pod": p, "nodenames": names}),
+            json!({"Pod": p, "NodeNames": names}),
         )
         .await;
         let (_, every) = call(
             extender_app(on.clone()),
             "/prioritize",
-            json!({"pod": p, "nodenames": all}),
+            json!({"Pod": p, "NodeNames": all}),
         )
         .await;
         let best = every
             .as_array()
             .unwrap()
             .iter()
-            .map(|h| h["score"].as_i64().unwrap())
+            .map(|h| h["Score"].as_i64().unwrap())
             .max();
-        assert_eq!(one[0]["host"], "n-used", "{one}");
-        assert_eq!(one[0]["score"].as_i64(), best, "{one} {every}");
+        assert_eq!(one[0]["Host"], "n-used", "{one}");
+        assert_eq!(one[0]["Score"].as_i64(), best, "{one} {every}");
         let off = setup(false);
         for whole in [false, true] {
             let (names, _) = filter(&off, 2000, &all, whole).await;
@@ -1285,10 +1285,10 @@ mod tests {
         let (_, r) = call(
             extender_app(on),
             "/filter",
-            json!({"pod": pod(json!({})), "nodenames": all}),
+            json!({"Pod": pod(json!({})), "NodeNames": all}),
         )
         .await;
-        assert_eq!(r["nodenames"], json!(all));
+        assert_eq!(r["NodeNames"], json!(all));
     }
 
     /// `fragmentation` through the extender's JSON: with a typical workload of half-card pods, a

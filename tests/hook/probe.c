@@ -234,6 +234,8 @@ static void *stress(void *arg) {
 }
 
 int main(int argc, char **argv) {
+    /* Line-buffered: in a container stdout is a pipe to the log, read while the probe holds. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) return 2;
     const char *mode = argv[1];
     if (!strcmp(mode, "direct")) {

@@ -391,7 +391,7 @@ impl Cluster {
             Some(h) => self.node_names().into_iter().filter(|n| *n == h).collect(),
             None => self.node_names(),
         };
-        self.extender("/filter", json!({"pod": pod, "nodenames": nodes}))
+        self.extender("/filter", json!({"Pod": pod, "NodeNames": nodes}))
             .await
     }
 
@@ -399,7 +399,7 @@ impl Cluster {
     /// the Binding and the assignment landed; returns the node index and the assignment.
     async fn schedule(&self, ns: &str, name: &str) -> (usize, PodAssignment) {
         let f = self.filter(ns, name).await;
-        let feasible: Vec<String> = f["nodenames"]
+        let feasible: Vec<String> = f["NodeNames"]
             .as_array()
             .unwrap_or_else(|| panic!("step filter of {ns}/{name}: no nodenames in {f}"))
             .iter()
@@ -411,7 +411,7 @@ impl Cluster {
         );
         let pod = self.pod(ns, name);
         let scores = self
-            .extender("/prioritize", json!({"pod": pod, "nodenames": feasible}))
+            .extender("/prioritize", json!({"Pod": pod, "NodeNames": feasible}))
             .await;
         let scores = scores
             .as_array()
@@ -426,16 +426,16 @@ impl Cluster {
         let best = scores
             .iter()
             .fold(None::<&Value>, |b, s| match b {
-                Some(b) if b["score"].as_i64() >= s["score"].as_i64() => Some(b),
+                Some(b) if b["Score"].as_i64() >= s["Score"].as_i64() => Some(b),
                 _ => Some(s),
             })
             .unwrap();
-        let node = best["host"].as_str().unwrap().to_string();
+        let node = best["Host"].as_str().unwrap().to_string();
         let b = self
             .extender(
                 "/bind",
-                json!({"podName": name, "podNamespace": ns,
-                    "podUID": pod["metadata"]["uid"], "node": node}),
+                json!({"PodName": name, "PodNamespace": ns,
+                    "PodUID": pod["metadata"]["uid"], "Node": node}),
             )
             .await;
         assert_eq!(
@@ -1008,9 +1008,9 @@ async fn placement_across_nodes_types_and_heartbeats() {
         .await
         .unwrap_or_else(|r| panic!("step validate of wide: refused: {r}"));
     let f = c.filter(NS_FREE, "wide").await;
-    assert_eq!(f["nodenames"], json!([]), "step filter of wide: {f}");
+    assert_eq!(f["NodeNames"], json!([]), "step filter of wide: {f}");
     assert_eq!(
-        f["failedNodes"],
+        f["FailedNodes"],
         json!({NODE_A: "node-a: 3 healthy GPUs needed, only 2",
             NODE_B: "node-b: 3 healthy GPUs needed, only 1"}),
         "step filter of wide: the extender's reasons do not match fake NVML's GPUs"
@@ -1143,7 +1143,7 @@ async fn placement_across_nodes_types_and_heartbeats() {
     .await;
     let f = c.filter(NS_FREE, "late").await;
     assert_eq!(
-        f["nodenames"],
+        f["NodeNames"],
         json!([NODE_B]),
         "step filter of late while node-b's plugin runs: {f}"
     );
@@ -1154,11 +1154,11 @@ async fn placement_across_nodes_types_and_heartbeats() {
         "the scheduler to stop placing on node-b",
         || async {
             let f = c.filter(NS_FREE, "late").await;
-            (f["nodenames"] == json!([])).then_some(f)
+            (f["NodeNames"] == json!([])).then_some(f)
         },
     )
     .await;
-    let why = f["failedNodes"][NODE_B].as_str().unwrap_or("");
+    let why = f["FailedNodes"][NODE_B].as_str().unwrap_or("");
     assert!(
         why.starts_with("node-b: device-plugin heartbeat is"),
         "step filter of late after node-b's plugin stopped: {f}"

@@ -439,7 +439,7 @@ async fn scheduler_caches_recover_from_a_dropped_watch_and_a_410() {
     let s = start(&api, &["--choose-node=false"]).await;
     let nodes = ["gpu-1", "gpu-2"];
     let r = s.filter(&api, "train", &nodes).await;
-    assert_eq!(r["nodenames"], json!(["gpu-1"]), "{r}");
+    assert_eq!(r["NodeNames"], json!(["gpu-1"]), "{r}");
     let watches = || async {
         vgpu_tests::wait_for_async(T, "node and pod watches", || async {
             (api.watch_count() == 2).then_some(())
@@ -454,7 +454,7 @@ async fn scheduler_caches_recover_from_a_dropped_watch_and_a_410() {
         .unwrap();
     vgpu_tests::wait_for_async(T, "gpu-2 filtered in", || async {
         let r = s.filter(&api, "train", &nodes).await;
-        (r["nodenames"] == json!(["gpu-1", "gpu-2"])).then_some(())
+        (r["NodeNames"] == json!(["gpu-1", "gpu-2"])).then_some(())
     })
     .await;
     watches().await;
@@ -478,11 +478,11 @@ async fn scheduler_caches_recover_from_a_dropped_watch_and_a_410() {
     api.compact();
     let r = vgpu_tests::wait_for_async(T, "gpu-1 filtered out", || async {
         let r = s.filter(&api, "train", &nodes).await;
-        (r["nodenames"] == json!(["gpu-2"])).then_some(r)
+        (r["NodeNames"] == json!(["gpu-2"])).then_some(r)
     })
     .await;
     assert!(
-        r["failedNodes"]["gpu-1"]
+        r["FailedNodes"]["gpu-1"]
             .as_str()
             .is_some_and(|m| !m.is_empty()),
         "{r}"

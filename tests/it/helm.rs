@@ -16,56 +16,12 @@ use std::process::Command;
 use vgpu_core::rbac::{self, Scope};
 use vgpu_tests::certs::TestPki;
 
-const RELEASE: &str = "vgpu";
-const NAMESPACE: &str = "vgpu-system";
+use vgpu_tests::helm::{args, helm, Chart, NAMESPACE, RELEASE};
+
 const KUBE_VERSION: &str = "1.28.3";
 
-fn helm() -> Option<PathBuf> {
-    if let Ok(h) = std::env::var("HELM") {
-        return Some(PathBuf::from(h));
-    }
-    let ci = vgpu_tests::repo_root().join(".ci/tools/bin/helm");
-    if ci.exists() {
-        return Some(ci);
-    }
-    Command::new("helm")
-        .arg("version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| PathBuf::from("helm"))
-}
-
-/// Renders the chart with `--set` pairs and returns its documents as JSON values.
 fn render(helm: &PathBuf, sets: &[&str]) -> Vec<Value> {
-    let chart = vgpu_tests::repo_root().join("helm/vgpu");
-    let mut cmd = Command::new(helm);
-    cmd.args(["template", RELEASE]).arg(&chart).args([
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        KUBE_VERSION,
-    ]);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().expect("run helm");
-    assert!(
-        out.status.success(),
-        "helm template {sets:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8 output");
-    let mut docs = Vec::new();
-    for de in serde_yaml::Deserializer::from_str(&text) {
-        let v: serde_yaml::Value = serde::Deserialize::deserialize(de)
-            .unwrap_or_else(|e| panic!("{sets:?}: a document does not parse: {e}"));
-        if v.is_null() {
-            continue;
-        }
-        docs.push(serde_json::to_value(v).expect("YAML to JSON"));
-    }
-    docs
+    Chart::render(helm, KUBE_VERSION, sets).docs
 }
 
 /// Deserializes into the typed struct and serializes back: any field the API does not know (or
@@ -137,54 +93,6 @@ fn is_empty(v: &Value) -> bool {
         Value::Array(a) => a.is_empty(),
         _ => false,
     }
-}
-
-struct Chart {
-    docs: Vec<Value>,
-}
-
-impl Chart {
-    fn all(&self, kind: &str) -> impl Iterator<Item = &Value> {
-        let kind = kind.to_string();
-        self.docs.iter().filter(move |d| d["kind"] == kind.as_str())
-    }
-
-    fn get(&self, kind: &str, name: &str) -> &Value {
-        self.all(kind)
-            .find(|d| d["metadata"]["name"] == name)
-            .unwrap_or_else(|| panic!("no {kind} {name} in the chart"))
-    }
-
-    fn workloads(&self) -> Vec<(&Value, &Value)> {
-        let mut out = Vec::new();
-        for d in &self.docs {
-            let tmpl = match d["kind"].as_str() {
-                Some("Deployment" | "DaemonSet" | "Job") => &d["spec"]["template"],
-                Some("CronJob") => &d["spec"]["jobTemplate"]["spec"]["template"],
-                _ => continue,
-            };
-            out.push((d, tmpl));
-        }
-        out
-    }
-
-    fn container<'a>(&'a self, kind: &str, name: &str, container: &str) -> &'a Value {
-        self.get(kind, name)["spec"]["template"]["spec"]["containers"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["name"] == container))
-            .unwrap_or_else(|| panic!("{kind} {name} has no container {container}"))
-    }
-}
-
-fn args(container: &Value) -> Vec<String> {
-    container["args"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| s.as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn selects(selector: &Value, labels: &Value) -> bool {

@@ -56,10 +56,10 @@ fn review() -> Vec<u8> {
 }
 
 fn filter_args() -> Vec<u8> {
-    json!({"pod": {"apiVersion": "v1", "kind": "Pod",
+    json!({"Pod": {"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "p", "namespace": "team-a", "uid": "u1"},
         "spec": {"containers": [{"name": "c", "image": "i"}]}},
-        "nodenames": ["n1"]})
+        "NodeNames": ["n1"]})
     .to_string()
     .into_bytes()
 }

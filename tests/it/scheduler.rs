@@ -109,7 +109,7 @@ impl Scheduler {
 
     pub(crate) async fn filter(&self, api: &FakeApiServer, pod: &str, nodes: &[&str]) -> Value {
         let p = api.get("v1", "pods", "team-a", pod).unwrap();
-        self.call("/filter", json!({"pod": p, "nodenames": nodes}))
+        self.call("/filter", json!({"Pod": p, "NodeNames": nodes}))
             .await
     }
 
@@ -117,8 +117,8 @@ impl Scheduler {
         let p = api.get("v1", "pods", "team-a", pod).unwrap();
         self.call(
             "/bind",
-            json!({"podName": pod, "podNamespace": "team-a",
-                "podUID": p["metadata"]["uid"], "node": node}),
+            json!({"PodName": pod, "PodNamespace": "team-a",
+                "PodUID": p["metadata"]["uid"], "Node": node}),
         )
         .await
     }
@@ -159,8 +159,8 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
 
     let nodes = ["gpu-1", "gpu-small", "gpu-stale", "cpu-only", "unknown"];
     let r = s.filter(&api, "train", &nodes).await;
-    assert_eq!(r["nodenames"], json!(["gpu-1"]), "{r}");
-    let failed = &r["failedNodes"];
+    assert_eq!(r["NodeNames"], json!(["gpu-1"]), "{r}");
+    let failed = &r["FailedNodes"];
     assert_eq!(
         failed["gpu-small"],
         "gpu-small: no GPU with 8192 MiB free (largest 6144 MiB on GPU-ab12)"
@@ -183,9 +183,9 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
 
     let p = api.get("v1", "pods", "team-a", "train").unwrap();
     let scores = s
-        .call("/prioritize", json!({"pod": p, "nodenames": ["gpu-1"]}))
+        .call("/prioritize", json!({"Pod": p, "NodeNames": ["gpu-1"]}))
         .await;
-    assert_eq!(scores, json!([{"host": "gpu-1", "score": 1}]));
+    assert_eq!(scores, json!([{"Host": "gpu-1", "Score": 1}]));
 
     api.clear_requests();
     let b = s.bind(&api, "train", "gpu-1").await;
@@ -228,14 +228,14 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
     api.create(pod("third", 20000)).unwrap();
     let r = s.filter(&api, "third", &["gpu-1"]).await;
     assert_eq!(
-        r["failedNodes"]["gpu-1"],
+        r["FailedNodes"]["gpu-1"],
         "gpu-1: no GPU with 20000 MiB free (largest 16384 MiB on GPU-a1)"
     );
 
     // A deleted pod frees its GPU once the watch shows it.
     api.delete("v1", "pods", "team-a", "second").unwrap();
     vgpu_tests::wait_for_async(WAIT, "capacity freed by deletion", || async {
-        s.filter(&api, "third", &["gpu-1"]).await["nodenames"]
+        s.filter(&api, "third", &["gpu-1"]).await["NodeNames"]
             .as_array()
             .is_some_and(|a| a.len() == 1)
             .then_some(())
@@ -253,7 +253,7 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
     .unwrap();
     vgpu_tests::wait_for_async(WAIT, "stale node back", || async {
         let r = s.filter(&api, "third", &["gpu-stale"]).await;
-        (r["nodenames"] == json!(["gpu-stale"])).then_some(())
+        (r["NodeNames"] == json!(["gpu-stale"])).then_some(())
     })
     .await;
 
@@ -291,8 +291,8 @@ async fn two_pods_in_flight_never_get_the_same_memory() {
 
     // Both filters run before either bind: each alone fits.
     let (fa, fb) = tokio::join!(s.filter(&api, "a", &["n1"]), s.filter(&api, "b", &["n1"]));
-    assert_eq!(fa["nodenames"], json!(["n1"]));
-    assert_eq!(fb["nodenames"], json!(["n1"]));
+    assert_eq!(fa["NodeNames"], json!(["n1"]));
+    assert_eq!(fb["NodeNames"], json!(["n1"]));
     // Binding is slow (API latency): both binds are in flight together.
     api.delay_matching(
         Some("POST"),
@@ -303,7 +303,7 @@ async fn two_pods_in_flight_never_get_the_same_memory() {
     let (ba, bb) = tokio::join!(s.bind(&api, "a", "n1"), s.bind(&api, "b", "n1"));
     let errors: Vec<&str> = [&ba, &bb]
         .iter()
-        .filter_map(|r| r["error"].as_str())
+        .filter_map(|r| r["Error"].as_str())
         .collect();
     assert_eq!(errors.len(), 1, "exactly one bind must fail: {ba} {bb}");
     assert_eq!(
@@ -319,7 +319,7 @@ async fn two_pods_in_flight_never_get_the_same_memory() {
     assert!(assignment(&api, loser).is_none());
     // kube-scheduler retries the loser: the filter now says why.
     let r = s.filter(&api, loser, &["n1"]).await;
-    assert_eq!(r["nodenames"], json!([]));
+    assert_eq!(r["NodeNames"], json!([]));
     drop(s.proc);
 }
 
@@ -337,7 +337,7 @@ async fn failed_binding_or_patch_rolls_back() {
     api.fail_matching(Some("POST"), Some("/binding"), 1, 500);
     let r = s.bind(&api, "p", "n1").await;
     assert!(
-        r["error"]
+        r["Error"]
             .as_str()
             .unwrap()
             .starts_with("creating the binding:"),
@@ -356,7 +356,7 @@ async fn failed_binding_or_patch_rolls_back() {
         undo.body
     );
     vgpu_tests::wait_for_async(WAIT, "capacity back after rollback", || async {
-        (s.filter(&api, "q", &["n1"]).await["nodenames"] == json!(["n1"])).then_some(())
+        (s.filter(&api, "q", &["n1"]).await["NodeNames"] == json!(["n1"])).then_some(())
     })
     .await;
 
@@ -365,7 +365,7 @@ async fn failed_binding_or_patch_rolls_back() {
     api.fail_matching(Some("PATCH"), Some("/pods/q"), 1, 409);
     let r = s.bind(&api, "q", "n1").await;
     assert!(
-        r["error"]
+        r["Error"]
             .as_str()
             .unwrap()
             .starts_with("writing the assignment annotation:"),
@@ -440,6 +440,6 @@ async fn readyz_follows_the_watches_and_recovers_by_itself() {
     );
     api.create(pod("next", 8192)).unwrap();
     let r = s.filter(&api, "next", &["n1"]).await;
-    assert_eq!(r["nodenames"], json!(["n1"]), "{r}");
+    assert_eq!(r["NodeNames"], json!(["n1"]), "{r}");
     drop(s.proc);
 }

@@ -8,9 +8,11 @@
 
 pub mod admission;
 pub mod certs;
+pub mod helm;
 pub mod https;
 pub mod net;
 pub mod process;
+pub mod recorder;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

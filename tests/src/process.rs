@@ -141,3 +141,24 @@ pub fn start_webhook(
         crate::net::listening_addr(&line).unwrap_or_else(|| panic!("no address in {line:?}"));
     (proc, addr)
 }
+
+/// CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat`.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces): utime and stime
+    // are the 14th and 15th fields of the line, in clock ticks (sysconf(_SC_CLK_TCK), 100 on Linux).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The share of one core process `pid` uses over `window`.
+pub fn cpu_share(pid: u32, window: Duration) -> f64 {
+    let before = cpu_time(pid);
+    std::thread::sleep(window);
+    (cpu_time(pid) - before).as_secs_f64() / window.as_secs_f64()
+}

@@ -85,6 +85,7 @@ fn bench(c: &mut Criterion) {
                     &quotas,
                     &incoming,
                     ledger::now_ms(),
+                    &|uid| cache.was_seen(uid),
                 )
             });
             (ok, decision)

@@ -8,15 +8,17 @@
 //! - `spec.schedulerName` to ours, when empty or `default-scheduler` (another scheduler is kept, with
 //!   a warning: the pod will not be placed on a GPU slice by vgpu);
 //! - `spec.runtimeClassName`, when configured and unset;
-//! - per vGPU container, the defaulted vGPU resources in `limits` and `requests`, and the environment
-//!   the preload library reads (core's env contract), replacing any user value of a reserved variable;
+//! - per vGPU container, the defaulted vGPU resources in `limits` and `requests`, and no user value
+//!   of a variable the preload library reads (core's env contract): the limits reach the container
+//!   only from the device plugin's Allocate (its env and its read-only limits file), so vgpu never
+//!   hands a container two sources that could disagree;
 //! - the `vgpu.io/managed` label and the `vgpu.io/injected` marker annotation.
 //!
 //! It never adds volumes: the device plugin mounts the preload library at Allocate, so pods keep
 //! passing Pod Security "baseline".
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{json, Map, Value};
 use thiserror::Error;
 use vgpu_core::annotations::{InjectedMarker, INJECTED, MANAGED_LABEL, MANAGED_VALUE};
@@ -102,7 +104,7 @@ pub fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutat
     for (c, req) in &wanted {
         let at = c.pointer();
         resources(c, &at, req, &settings.policy, &mut ops);
-        environment(c, &at, req, &mut ops);
+        strip_reserved_env(c, &at, &mut ops);
     }
     Ok(Mutation {
         patch: ops.into_patch(),
@@ -114,6 +116,11 @@ pub fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutat
 /// gpumem counts MiB (as in HAMi), so a suffixed quantity written the way memory limits are
 /// written (`4Gi`) asks for far more than meant: 4 Gi MiB, which no card has. Admitted as asked
 /// (it is a valid quantity), but the user is told what it means.
+///
+/// Only binary suffixes are the user's own: the API server hands webhooks quantities in canonical
+/// form (apimachinery's `resource.Quantity`: a decimal value is written with the largest SI suffix
+/// that keeps it exact), so a user's `2000` arrives as `2k` and a decimal suffix says nothing about
+/// what was typed. A plain number is never canonicalised to a binary suffix.
 fn suffixed_gpumem_warning(
     c: &ContainerView<'_>,
     req: &VgpuRequest,
@@ -129,11 +136,9 @@ fn suffixed_gpumem_warning(
         .iter()
         .chain(&c.resources.requests)
         .find(|(n, _)| n == name)?;
-    let suffixed = [
-        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
-    ]
-    .iter()
-    .any(|s| text.ends_with(s));
+    let suffixed = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .any(|s| text.ends_with(s));
     suffixed.then(|| {
         format!(
             "container {:?}: {name} counts MiB, so {text:?} asks for {mib} MiB per GPU; for 4 GiB write \"4096\"",
@@ -142,11 +147,10 @@ fn suffixed_gpumem_warning(
     })
 }
 
-/// Patch operations in three groups, so indices stay valid: in-place replacements first, then
-/// removals from the highest index down, then additions (which never shift earlier elements).
+/// Patch operations in two groups, so indices stay valid: removals from the highest index down,
+/// then additions (which never shift earlier elements).
 #[derive(Default)]
 struct Ops {
-    replace: Vec<PatchOperation>,
     remove: Vec<(PointerBuf, usize)>,
     add: Vec<PatchOperation>,
 }
@@ -157,20 +161,14 @@ impl Ops {
             .push(PatchOperation::Add(AddOperation { path, value }));
     }
 
-    fn replace(&mut self, path: PointerBuf, value: Value) {
-        self.replace
-            .push(PatchOperation::Replace(ReplaceOperation { path, value }));
-    }
-
     fn into_patch(mut self) -> Patch {
-        let mut ops = self.replace;
         // Remove later elements first, so earlier indices still point where they did.
         self.remove.sort_by_key(|r| std::cmp::Reverse(r.1));
-        ops.extend(
-            self.remove
-                .into_iter()
-                .map(|(path, _)| PatchOperation::Remove(RemoveOperation { path })),
-        );
+        let mut ops: Vec<PatchOperation> = self
+            .remove
+            .into_iter()
+            .map(|(path, _)| PatchOperation::Remove(RemoveOperation { path }))
+            .collect();
         ops.extend(self.add);
         Patch(ops)
     }
@@ -304,59 +302,18 @@ fn resources(
     }
 }
 
-/// The variables the preload library must see, with their values.
-pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
-    let mut out = Vec::with_capacity(2);
-    if let Memory::Mib(m) = req.memory {
-        out.push((env::MEMORY_LIMIT, env::format_memory_mib(m)));
-    }
-    out.push((env::SM_LIMIT, req.cores.to_string()));
-    out
-}
-
-/// The preload library's variables in the container's `env`; `at` is the container's pointer.
-fn environment(c: &ContainerView<'_>, at: &PointerBuf, req: &VgpuRequest, ops: &mut Ops) {
-    let mut base = at.clone();
-    base.push_back("env");
-    let desired = desired_env(req);
-    let entry = |name: &str, value: &str| json!({"name": name, "value": value});
-
-    let Some(current) = &c.env else {
-        ops.add(
-            base,
-            Value::Array(desired.iter().map(|(n, v)| entry(n, v)).collect()),
-        );
-        return;
-    };
-    let mut satisfied = vec![false; desired.len()];
-    for (i, e) in current.iter().enumerate() {
-        let Some(name) = e.name.as_ref().map(Name::as_str) else {
-            continue;
-        };
-        if !env::is_reserved(name) {
-            continue;
-        }
-        let mut at = base.clone();
-        at.push_back(i);
-        match desired.iter().position(|(n, _)| *n == name) {
-            // The first occurrence of a wanted variable is corrected in place.
-            Some(d) if !satisfied[d] => {
-                satisfied[d] = true;
-                let ok = e.value.as_ref().map(Name::as_str) == Some(desired[d].1.as_str())
-                    && !e.value_from;
-                if !ok {
-                    ops.replace(at, entry(desired[d].0, &desired[d].1));
-                }
-            }
-            // Anything else the runtime reads, and duplicates, must go.
-            _ => ops.remove.push((at, i)),
-        }
-    }
-    for ((name, value), done) in desired.iter().zip(satisfied) {
-        if !done {
-            let mut at = base.clone();
-            at.push_back("-");
-            ops.add(at, entry(name, value));
+/// Removes every variable the preload library reads from a vGPU container's `env` (`at` is the
+/// container's pointer), so the device plugin's values are the only ones the container gets.
+fn strip_reserved_env(c: &ContainerView<'_>, at: &PointerBuf, ops: &mut Ops) {
+    for (i, e) in c.env.iter().flatten().enumerate() {
+        if e.name
+            .as_ref()
+            .is_some_and(|n| env::is_reserved(n.as_str()))
+        {
+            let mut p = at.clone();
+            p.push_back("env");
+            p.push_back(i);
+            ops.remove.push((p, i));
         }
     }
 }
@@ -396,18 +353,16 @@ mod tests {
             c["resources"]["requests"],
             json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"})
         );
-        assert_eq!(
-            c["env"],
-            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
-        );
+        // The limits reach the container from the device plugin alone.
+        assert!(c.get("env").is_none(), "{c}");
         let again = mutate_pod(&out, &settings()).unwrap();
         assert!(again.patch.0.is_empty(), "{:?}", again.patch);
     }
 
     #[test]
     fn a_forged_injected_marker_changes_nothing() {
-        // A tenant copies the marker of a mutated pod and raises its own limit: the patch is the diff
-        // against the desired state, so the env is still corrected.
+        // A tenant copies the marker of a mutated pod and sets its own limit: the patch is the diff
+        // against the desired state, so the variable still goes.
         let pod = json!({"metadata": {"labels": {"vgpu.io/managed": "true"}, "annotations": {
             "vgpu.io/injected": r#"{"v":1,"c":{"c":{"CUDA_DEVICE_MEMORY_LIMIT":"999g"}}}"#}},
             "spec": {"schedulerName": "vgpu-scheduler", "runtimeClassName": "vgpu", "containers": [{"name": "c",
@@ -415,14 +370,11 @@ mod tests {
                           "requests": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "0"}},
             "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "999g"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]}});
         let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
-        assert_eq!(
-            out["spec"]["containers"][0]["env"],
-            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
-        );
+        assert_eq!(out["spec"]["containers"][0]["env"], json!([]));
     }
 
     #[test]
-    fn user_env_is_replaced_and_removed_in_a_valid_order() {
+    fn user_env_the_runtime_reads_is_removed_in_a_valid_order() {
         let pod = json!({"spec": {"containers": [{"name": "c",
         "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "1024"}},
         "env": [
@@ -439,16 +391,14 @@ mod tests {
             out["spec"]["containers"][0]["env"],
             json!([
                 {"name": "A", "value": "1"},
-                {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"},
-                {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
+                {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
             ])
         );
         assert!(mutate_pod(&out, &settings()).unwrap().patch.0.is_empty());
     }
 
     #[test]
-    fn percentage_omits_memory_limit_and_existing_quantities_count() {
+    fn percentage_and_existing_quantities_count() {
         let pod = json!({"spec": {"schedulerName": "default-scheduler", "containers": [{"name": "c",
             "resources": {"limits": {"nvidia.com/gpumem-percentage": "50", "nvidia.com/gpu": "1k"},
                           "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
@@ -463,10 +413,6 @@ mod tests {
                           "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
         let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
         let c = &out["spec"]["containers"][0];
-        assert_eq!(
-            c["env"],
-            json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
-        );
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
         assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "2");
         assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
@@ -474,9 +420,11 @@ mod tests {
 
     #[test]
     fn suffixed_gpumem_is_admitted_with_a_warning_saying_it_counts_mib() {
+        // "2k" is how the API server hands over a user's 2000 (canonical form): no warning.
         let pod = json!({"spec": {"containers": [
             {"name": "big", "resources": {"limits": {"nvidia.com/gpumem": "4Gi"}}},
-            {"name": "ok", "resources": {"limits": {"nvidia.com/gpumem": "4096"}}}]}});
+            {"name": "ok", "resources": {"limits": {"nvidia.com/gpumem": "4096"}}},
+            {"name": "canonical", "resources": {"limits": {"nvidia.com/gpumem": "2k"}}}]}});
         let m = mutate_pod(&pod, &MutateSettings::default()).unwrap();
         assert_eq!(
             m.warnings,
@@ -530,10 +478,6 @@ mod tests {
         );
         assert!(
             paths.contains(&"/spec/containers/0/resources/requests/nvidia.com~1gpu".to_string()),
-            "{paths:?}"
-        );
-        assert!(
-            paths.contains(&"/spec/containers/0/env/-".to_string()),
             "{paths:?}"
         );
         let out = apply(&pod, &m);

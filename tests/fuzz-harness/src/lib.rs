@@ -184,8 +184,8 @@ pub fn codecs(data: &[u8]) {
         cluster.apply_pod("fuzzed-pod", Some("big"), assignment.ok(), false);
     }
     let args: ExtenderArgs = match serde_json::from_value(json!({
-        "pod": vgpu_pod("probe", json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"})),
-        "nodenames": ["fuzzed", "fuzzed-heartbeat", "big", "small"]}))
+        "Pod": vgpu_pod("probe", json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"})),
+        "NodeNames": ["fuzzed", "fuzzed-heartbeat", "big", "small"]}))
     {
         Ok(a) => a,
         Err(e) => panic!("fixed extender args: {e}"),

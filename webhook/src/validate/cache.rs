@@ -53,6 +53,28 @@ pub struct ClusterCache {
     nodes_synced: AtomicBool,
     /// Per cache, since when it has been unsynced after having been complete, and the last error.
     trouble: Mutex<HashMap<&'static str, Trouble>>,
+    /// Every vGPU pod uid the pod watch has delivered, with when it was first seen: a quota
+    /// reservation is over once its pod has existed, even after the pod is gone again.
+    seen: Mutex<Seen>,
+}
+
+/// Uids of pods that have existed, kept for as long as a reservation can count.
+#[derive(Debug)]
+struct Seen {
+    first_ms: HashMap<String, u64>,
+    retention_ms: u64,
+    pruned_ms: u64,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            first_ms: HashMap::new(),
+            // The longest --reservation-ttl; the validator sets its own.
+            retention_ms: 3_600_000,
+            pruned_ms: 0,
+        }
+    }
 }
 
 /// A watch that failed after its cache was complete.
@@ -162,6 +184,44 @@ impl ClusterCache {
         read(&self.cards).values().copied().max()
     }
 
+    /// Whether a vGPU pod with this uid has been in the cache (it may be gone again): its quota
+    /// reservation has done its job.
+    pub fn was_seen(&self, uid: &str) -> bool {
+        !uid.is_empty()
+            && self
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .first_ms
+                .contains_key(uid)
+    }
+
+    /// Keeps seen uids this long (at least the reservation TTL: a reservation can only refer to a
+    /// pod created after it, and stops counting when it expires).
+    pub fn keep_seen_for(&self, d: Duration) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retention_ms = d.as_millis() as u64;
+    }
+
+    /// Records pods (uids) as seen now.
+    pub fn note_seen<'u>(&self, uids: impl IntoIterator<Item = &'u str>) {
+        let now = super::ledger::now_ms();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for uid in uids.into_iter().filter(|u| !u.is_empty()) {
+            if !seen.first_ms.contains_key(uid) {
+                seen.first_ms.insert(uid.to_string(), now);
+            }
+        }
+        // Prune at most once a minute: a full pass over the map.
+        if now.saturating_sub(seen.pruned_ms) > 60_000 {
+            let horizon = now.saturating_sub(seen.retention_ms);
+            seen.first_ms.retain(|_, t| *t >= horizon);
+            seen.pruned_ms = now;
+        }
+    }
+
     /// Replaces the quotas (tests and benchmarks load the cache without an API server).
     pub fn load_quotas(&self, quotas: impl IntoIterator<Item = Quota>) {
         let mut map: ByNamespace<Quota> = HashMap::new();
@@ -176,6 +236,7 @@ impl ClusterCache {
     pub fn load_pods(&self, pods: impl IntoIterator<Item = (String, CachedPod)>) {
         let mut map: ByNamespace<CachedPod> = HashMap::new();
         for (ns, p) in pods {
+            self.note_seen([p.uid.as_str()]);
             map.entry(ns).or_default().push(p);
         }
         *write(&self.pods) = map;
@@ -288,6 +349,14 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
         "pods",
         move |change| {
             let largest = c.largest_card_mib().unwrap_or(0);
+            fn uid(v: &Value) -> Option<&str> {
+                v.pointer("/metadata/uid").and_then(Value::as_str)
+            }
+            match &change {
+                Change::Replace(all) => c.note_seen(all.iter().filter_map(|(_, v)| uid(v))),
+                Change::Apply(_, v) => c.note_seen(uid(v)),
+                Change::Delete(_) => {}
+            }
             apply_namespaced(
                 &c.pods,
                 change,

@@ -55,8 +55,24 @@ pub struct Rejection {
     pub note: String,
 }
 
+/// The refused pod itself, for a pod without a controller: it never exists, so the Event carries its
+/// name (or `generateName`) and no uid, in its namespace, where `kubectl get events` lists it as
+/// `pod/<name>`. (An Event about a cluster-scoped object such as the Namespace must live in
+/// `default` or `kube-system`: the API server refuses it in the pod's namespace with 422
+/// `involvedObject.namespace: Invalid value: "": does not match event.namespace`,
+/// pkg/apis/core/validation/events.go.)
+pub fn pod_ref(request: &crate::admission::AdmissionRequest, namespace: &str) -> ObjectRef {
+    ObjectRef {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: namespace.to_string(),
+        name: request.object_name().to_string(),
+        uid: String::new(),
+    }
+}
+
 /// What a rejection of this pod should be recorded against: its controller from ownerReferences,
-/// else `fallback` (the quota, or the namespace).
+/// else `fallback` (the pod itself, [`pod_ref`]).
 pub fn regarding(pod: &Value, namespace: &str, fallback: ObjectRef) -> ObjectRef {
     let owners = pod
         .pointer("/metadata/ownerReferences")

@@ -9,10 +9,18 @@
 //! fail with 409 Conflict, and the admission starts over from a fresh read, so two admissions can
 //! never both spend the same headroom.
 //!
-//! A reservation counts until its pod shows up in this replica's pod cache (then the pod counts)
-//! or until it expires (`ttl`: a pod that was admitted but never created, for example because a
-//! later admission plugin refused it, frees its share then). Expired reservations are dropped at
-//! the next write.
+//! A reservation counts until its pod has existed or provably never will:
+//! - its pod shows up in this replica's pod cache (then the pod counts), and once seen the
+//!   reservation never counts again, even after the pod is deleted or finishes, so a delete frees
+//!   its share as soon as the watch delivers it;
+//! - another pod holds its name (names are unique in a namespace: this creation failed);
+//! - it expires (`ttl`). This is the only end for a pod that a later admission step refused
+//!   (Kubernetes' own ResourceQuota runs after the validating webhooks, and other validating
+//!   webhooks run in parallel with ours for up to 30 s each): the API server sends a webhook no
+//!   word of what happened after its answer, so until the TTL nothing distinguishes such a pod from
+//!   one still on its way through the admission chain. A dry run never reserves.
+//!
+//! Expired reservations are dropped at the next write.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -92,6 +100,7 @@ pub enum Attempt {
 }
 
 /// Pure decision on one snapshot: prunes expired reservations, counts usage, checks quotas.
+/// `seen(uid)` says whether a pod with that uid has been in the cache (it may be gone again).
 pub fn attempt(
     namespace: &str,
     ledger: &Ledger,
@@ -99,6 +108,7 @@ pub fn attempt(
     quotas: &[Quota],
     incoming: &Reservation,
     now_ms: u64,
+    seen: &dyn Fn(&str) -> bool,
 ) -> Attempt {
     let live: Vec<&Reservation> = ledger
         .reservations
@@ -111,9 +121,12 @@ pub fn attempt(
     {
         return Attempt::AlreadyReserved;
     }
+    // Its pod is cached, or was and is gone, or another pod holds its name.
     let in_cache = |r: &Reservation| {
-        pods.iter()
-            .any(|p| (!r.uid.is_empty() && p.uid == r.uid) || p.name == r.pod)
+        seen(&r.uid)
+            || pods
+                .iter()
+                .any(|p| (!r.uid.is_empty() && p.uid == r.uid) || p.name == r.pod)
     };
     let used = |q: &Quota| {
         let mut a = Amounts::default();
@@ -203,12 +216,21 @@ mod tests {
         let q = quotas(8192);
         // At t=100 both count: no room for a third 4096.
         assert!(matches!(
-            attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 100),
+            attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 100, &|_| {
+                false
+            }),
             Attempt::Exceeded(_)
         ));
         // At t=1000 "b" has expired: it is dropped, and "c" fits.
-        let Attempt::Write(next) = attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 1_000)
-        else {
+        let Attempt::Write(next) = attempt(
+            "ns",
+            &ledger,
+            &[],
+            &q,
+            &res("c", 4096, 9_000),
+            1_000,
+            &|_| false,
+        ) else {
             panic!("should fit");
         };
         let uids: Vec<_> = next.reservations.iter().map(|r| r.uid.as_str()).collect();
@@ -220,12 +242,59 @@ mod tests {
             usage: usage(4096),
         }];
         assert!(
-            matches!(attempt("ns", &ledger, &pods, &q, &res("c", 4096, 9_000), 100), Attempt::Exceeded(e) if e.used == 8192)
+            matches!(attempt("ns", &ledger, &pods, &q, &res("c", 4096, 9_000), 100, &|_| false), Attempt::Exceeded(e) if e.used == 8192)
         );
         assert_eq!(
-            attempt("ns", &ledger, &pods, &q, &res("a", 4096, 9_000), 100),
+            attempt(
+                "ns",
+                &ledger,
+                &pods,
+                &q,
+                &res("a", 4096, 9_000),
+                100,
+                &|_| false
+            ),
             Attempt::AlreadyReserved
         );
+    }
+
+    #[test]
+    fn a_reservation_ends_when_its_pod_has_existed_even_once_it_is_gone() {
+        let ledger = Ledger {
+            reservations: vec![res("a", 8192, 9_000)],
+        };
+        let q = quotas(8192);
+        // Pod "a" not seen yet: its reservation holds the whole quota.
+        assert!(matches!(
+            attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 100, &|_| {
+                false
+            }),
+            Attempt::Exceeded(_)
+        ));
+        // Seen and already deleted (not in the cache any more): nothing counts.
+        assert!(matches!(
+            attempt("ns", &ledger, &[], &q, &res("c", 4096, 9_000), 100, &|u| u
+                == "a"),
+            Attempt::Write(_)
+        ));
+        // Another pod holds its name: this creation failed, only that pod counts.
+        let other = [CachedPod {
+            name: "pod-a".into(),
+            uid: "z".into(),
+            usage: usage(1024),
+        }];
+        assert!(matches!(
+            attempt(
+                "ns",
+                &ledger,
+                &other,
+                &q,
+                &res("c", 4096, 9_000),
+                100,
+                &|_| false
+            ),
+            Attempt::Write(_)
+        ));
     }
 
     #[test]

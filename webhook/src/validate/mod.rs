@@ -24,7 +24,7 @@ use vgpu_core::request::RequestPolicy;
 use crate::admission::{AdmissionRequest, AdmissionResponse};
 use crate::metrics::Metrics;
 use cache::ClusterCache;
-use events::{EventRecorder, ObjectRef, Rejection, REASON_POLICY, REASON_QUOTA};
+use events::{EventRecorder, Rejection, REASON_POLICY, REASON_QUOTA};
 use ledger::{Attempt, Ledger};
 use policy::PolicyRules;
 use quota::Quota;
@@ -112,6 +112,7 @@ impl Validator {
     ) -> Validator {
         warn_if_update_rule_is_off(&settings);
         let cache = Arc::new(ClusterCache::default());
+        cache.keep_seen_for(settings.reservation_ttl);
         cache::spawn_watchers(client.clone(), cache.clone(), settings.policy.clone());
         Validator {
             events: EventRecorder::start(client.clone(), metrics.clone()),
@@ -218,7 +219,16 @@ impl Validator {
             Break(d) => return (d, None),
         };
         let pods = self.cache.pods(&a.namespace);
-        match ledger::attempt(&a.namespace, ledger, &pods, &quotas, &incoming, now_ms) {
+        let seen = |uid: &str| self.cache.was_seen(uid);
+        match ledger::attempt(
+            &a.namespace,
+            ledger,
+            &pods,
+            &quotas,
+            &incoming,
+            now_ms,
+            &seen,
+        ) {
             Attempt::AlreadyReserved => ((allow, "reserved"), None),
             Attempt::Exceeded(e) => (self.exceeded(request, &a, e), None),
             Attempt::Write(_) if a.dry_run => ((allow, "reserved"), None),
@@ -301,16 +311,9 @@ impl Validator {
         v: policy::Violation,
     ) -> Decision {
         if !dry_run {
-            let fallback = ObjectRef {
-                api_version: "v1".into(),
-                kind: "Namespace".into(),
-                namespace: String::new(),
-                name: namespace.to_string(),
-                uid: String::new(),
-            };
             self.events.record(Rejection {
                 namespace: namespace.to_string(),
-                regarding: events::regarding(pod, namespace, fallback),
+                regarding: events::regarding(pod, namespace, events::pod_ref(request, namespace)),
                 reason: REASON_POLICY,
                 note: v.message.clone(),
             });
@@ -362,16 +365,9 @@ impl Validator {
     ) -> Decision {
         let namespace = a.namespace.as_str();
         if !a.dry_run {
-            let fallback = ObjectRef {
-                api_version: "v1".into(),
-                kind: "ResourceQuota".into(),
-                namespace: namespace.to_string(),
-                name: e.quota.clone(),
-                uid: String::new(),
-            };
             self.events.record(Rejection {
                 namespace: namespace.to_string(),
-                regarding: events::regarding(a.pod, namespace, fallback),
+                regarding: events::regarding(a.pod, namespace, events::pod_ref(request, namespace)),
                 reason: REASON_QUOTA,
                 note: e.message.clone(),
             });
@@ -457,6 +453,7 @@ impl Validator {
                 &quotas,
                 &incoming,
                 ledger::now_ms(),
+                &|uid| self.cache.was_seen(uid),
             ) {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
                 Attempt::Exceeded(e) => {

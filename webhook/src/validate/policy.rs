@@ -8,7 +8,6 @@ use vgpu_core::annotations::{MANAGED_LABEL, RESERVED_POD_ANNOTATIONS};
 use vgpu_core::env;
 use vgpu_core::request::{Memory, RequestPolicy, VgpuRequest};
 
-use crate::mutate::desired_env;
 use crate::pod::{self, PodContainer};
 
 /// Which rules run (all by default).
@@ -135,40 +134,20 @@ pub fn check(
             }
         }
         if rules.deny_reserved_env {
-            let desired = desired_env(req);
-            let mut seen: Vec<&str> = Vec::new();
-            for e in envs.into_iter().flatten() {
-                let Some(var) = e.get("name").and_then(Value::as_str) else {
-                    continue;
+            // /mutate removed every one of these: one present now was added after it, and the
+            // device plugin's Allocate is the only source of the container's limits.
+            if let Some((var, value)) = envs.into_iter().flatten().find_map(|e| {
+                let var = e.get("name").and_then(Value::as_str)?;
+                env::is_reserved(var).then(|| (var, e.get("value").and_then(Value::as_str)))
+            }) {
+                let shown = match value {
+                    Some(v) => format!("{v:?}"),
+                    None => "a valueFrom reference or an empty value".to_string(),
                 };
-                if !env::is_reserved(var) {
-                    continue;
-                }
-                let want = desired
-                    .iter()
-                    .find(|(n, _)| *n == var)
-                    .map(|(_, v)| v.as_str());
-                let value = e.get("value").and_then(Value::as_str);
-                let ok = !seen.contains(&var)
-                    && e.get("valueFrom").is_none()
-                    && want.is_some()
-                    && value == want;
-                if !ok {
-                    let shown = match (value, e.get("valueFrom")) {
-                        (_, Some(_)) => "a valueFrom reference".to_string(),
-                        (Some(v), None) => format!("{v:?}"),
-                        (None, None) => "an empty value".to_string(),
-                    };
-                    let implied = match want {
-                        Some(w) => format!("its resources imply {w:?}"),
-                        None => "only the vGPU runtime sets it".to_string(),
-                    };
-                    return Err(deny(
-                        "denyReservedEnv",
-                        format!("{var} is reserved for the vGPU runtime; the pod sets {shown}, {implied}"),
-                    ));
-                }
-                seen.push(var);
+                return Err(deny(
+                    "denyReservedEnv",
+                    format!("{var} is reserved for the vGPU runtime; the pod sets {shown}, and only the device plugin sets it"),
+                ));
             }
         }
         if rules.deny_oversized_gpumem {
@@ -266,7 +245,7 @@ mod tests {
 
     fn gpu_pod(container: Value) -> Value {
         let mut c = json!({"name": "train", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}},
-            "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
+            "env": [{"name": "HOME", "value": "/home"}]});
         if let (Some(c), Some(extra)) = (c.as_object_mut(), container.as_object()) {
             c.extend(extra.clone());
         }
@@ -368,7 +347,7 @@ mod tests {
             &PolicyRules::default(),
         )
         .unwrap_err();
-        assert_eq!(v.message, "vgpu policy: container \"train\": CUDA_DEVICE_MEMORY_LIMIT is reserved for the vGPU runtime; the pod sets \"80g\", its resources imply \"4096m\" (rule denyReservedEnv)");
+        assert_eq!(v.message, "vgpu policy: container \"train\": CUDA_DEVICE_MEMORY_LIMIT is reserved for the vGPU runtime; the pod sets \"80g\", and only the device plugin sets it (rule denyReservedEnv)");
     }
 
     #[test]

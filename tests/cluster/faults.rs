@@ -1,0 +1,232 @@
+//! Step 6: faults an operator will meet, each with what vgpu promises through it.
+
+use crate::journey::{plain_pod, slice_pod, Journey, NS, NS_FREE, NS_PLAIN, QUOTA_MIB, WAIT};
+use crate::report;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Every fault step in order.
+pub fn run(j: &mut Journey<'_, '_>) {
+    device_plugin_restart_keeps_running_pods_capped(j);
+    kubelet_restart_brings_the_plugin_back(j);
+    extender_outage_leaves_pods_pending(j);
+    webhook_outage_fails_closed_for_vgpu_pods_only(j);
+    webhook_restart_mid_stream_never_overspends_the_quota(j);
+}
+
+/// The probe run again inside a running container (`kubectl exec`): the limits still hold.
+fn exec_probe(j: &Journey<'_, '_>, ns: &str, pod: &str, args: &[&str]) -> String {
+    let mut a = vec!["exec", pod, "-n", ns, "--", "/bin/probe", "direct"];
+    a.extend(args);
+    j.cluster().kubectl(&a).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Device plugin killed and restarted: it registers again, the capacity comes back, and a pod
+/// that was running keeps running under the same limits.
+fn device_plugin_restart_keeps_running_pods_capped(j: &mut Journey<'_, '_>) {
+    let step = "step 6a (device plugin restart)";
+    j.create(NS, slice_pod("keeper", 2048, 0))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    j.wait_running(NS, "keeper", step);
+    let back = j.parts.restart_device_plugin();
+    report(&format!(
+        "device plugin killed and restarted: registered with the kubelet {:.2} s after its start",
+        back.as_secs_f64()
+    ));
+    j.parts.wait_for_capacity(step);
+    let pod = j.wait_running(NS, "keeper", step);
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["restartCount"], 0,
+        "{step}: {pod}"
+    );
+    let out = exec_probe(
+        j,
+        NS,
+        "keeper",
+        &["init", "ctx:0", "alloc:2047m", "alloc:2m", "info"],
+    );
+    for want in [
+        format!("alloc {} = 0", 2047u64 << 20),
+        format!("alloc {} = 2", 2u64 << 20),
+        format!("info = 0 free {} total {}", 1u64 << 20, 2048u64 << 20),
+    ] {
+        assert!(
+            out.lines().any(|l| l == want),
+            "{step}: the hook after the plugin's restart: no line {want:?}:\n{out}"
+        );
+    }
+}
+
+/// The kubelet restarted (it removes every socket in its device-plugin directory): the plugin
+/// registers again by itself within 5 s.
+fn kubelet_restart_brings_the_plugin_back(j: &mut Journey<'_, '_>) {
+    let step = "step 6b (kubelet restart)";
+    let Some(scripts) = std::env::var_os("VGPU_CLUSTER_SCRIPTS").map(std::path::PathBuf::from)
+    else {
+        report("kubelet restart: skipped (set VGPU_CLUSTER_SCRIPTS to the kube-local scripts, e.g. ../shared/kube)");
+        return;
+    };
+    let c = j.cluster();
+    let pid_file = c.dir.join("run/kubelet.pid");
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|e| panic!("{step}: {}: {e}", pid_file.display()));
+    let status = std::process::Command::new("kill")
+        .arg(pid.trim())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "{step}: kill {pid}");
+    let gone = format!("/proc/{}", pid.trim());
+    vgpu_tests::wait_for(WAIT, &format!("{step}: the kubelet stops"), || {
+        (!std::path::Path::new(&gone).exists()).then_some(())
+    });
+    let out = std::process::Command::new("bash")
+        .arg(scripts.join("node-up.sh"))
+        .env("KUBE_LOCAL", &c.dir)
+        .output()
+        .expect("node-up.sh");
+    assert!(out.status.success(), "{step}: node-up.sh: {out:?}");
+    // From the new kubelet's log: its registration server starts, then our plugin registers.
+    let log = c.dir.join("log/kubelet.log");
+    let took = vgpu_tests::wait_for(
+        Duration::from_secs(30),
+        &format!("{step}: the plugin registers again"),
+        || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            let start = text.rfind("\"Starting device plugin registration server\"")?;
+            let up = klog_time(text[..start].rsplit('\n').next()?)?;
+            let line = text[start..].lines().find(|l| {
+                l.contains("Got registration request from device plugin")
+                    && l.contains("nvidia.com/gpu")
+            })?;
+            Some(klog_time(line)? - up)
+        },
+    );
+    report(&format!(
+        "kubelet restarted: the device plugin registered {:.2} s after the kubelet's registration server started",
+        took.as_secs_f64()
+    ));
+    assert!(
+        took < Duration::from_secs(5),
+        "{step}: the plugin took {took:?} to come back"
+    );
+    j.parts.wait_for_capacity(step);
+    j.wait_running(NS, "keeper", step);
+}
+
+/// The time of day of a klog line (`I1206 07:31:18.722415 ...`), as a duration since midnight.
+fn klog_time(line: &str) -> Option<Duration> {
+    let t = line.split_whitespace().nth(1)?;
+    let mut parts = t.split(':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    let secs =
+        h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?;
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// vgpu-scheduler down: vGPU pods stay Pending with the reason in their events, none is placed
+/// without it, and they are placed once it is back.
+fn extender_outage_leaves_pods_pending(j: &mut Journey<'_, '_>) {
+    let step = "step 6c (extender outage)";
+    let c = j.cluster();
+    j.parts.stop_extender();
+    j.create(NS_FREE, slice_pod("waits", 1024, 0))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    // kube-scheduler's own words: `Post "http://127.0.0.1:PORT/filter": ... connection refused`.
+    let describe = c.wait(
+        WAIT,
+        &format!("{step}: FailedScheduling naming the extender's URL"),
+        || {
+            let d = c
+                .kubectl(&["describe", "pod", "waits", "-n", NS_FREE])
+                .ok()?;
+            (d.contains("FailedScheduling") && d.contains("/filter")).then_some(d)
+        },
+    );
+    let pod = c.pod(NS_FREE, "waits").unwrap_or_default();
+    assert!(
+        pod["spec"]["nodeName"].is_null(),
+        "{step}: placed without the extender:\n{describe}"
+    );
+    j.parts.restart_extender();
+    j.wait_running(NS_FREE, "waits", step);
+    c.delete(&["pod", "waits", "-n", NS_FREE]);
+}
+
+/// vgpu-webhook down: vGPU pods in labelled namespaces are refused (failurePolicy Fail), every
+/// other pod is admitted (the configurations' match conditions never send it).
+fn webhook_outage_fails_closed_for_vgpu_pods_only(j: &mut Journey<'_, '_>) {
+    let step = "step 6d (webhook outage)";
+    let c = j.cluster();
+    j.parts.stop_webhook();
+    let err = j
+        .create(NS_FREE, slice_pod("refused", 1024, 0))
+        .expect_err("step 6d: a vGPU pod was admitted without the webhook");
+    assert!(
+        err.contains("vgpu.io"),
+        "{step}: the refusal does not name the webhook: {err}"
+    );
+    j.create(NS_FREE, plain_pod("plain-admitted"))
+        .unwrap_or_else(|e| panic!("{step}: a plain pod was refused: {e}"));
+    j.create(NS_PLAIN, slice_pod("unlabelled-admitted", 1024, 0))
+        .unwrap_or_else(|e| panic!("{step}: a pod in an unlabelled namespace was refused: {e}"));
+    j.parts.restart_webhook();
+    c.delete(&["pod", "plain-admitted", "-n", NS_FREE]);
+    c.delete(&["pod", "unlabelled-admitted", "-n", NS_PLAIN]);
+}
+
+/// The webhook restarted while pods are being created: whatever each creation's fate, the pods
+/// that exist never hold more than the quota.
+fn webhook_restart_mid_stream_never_overspends_the_quota(j: &mut Journey<'_, '_>) {
+    let step = "step 6e (webhook restart mid-stream)";
+    let c = j.cluster();
+    c.delete(&["pod", "keeper", "-n", NS]);
+    let mib = 2048;
+    let tries = 12;
+    let creator = {
+        let kubeconfig = c.kubeconfig();
+        let kubectl = c.bin("kubectl");
+        std::thread::spawn(move || {
+            let mut admitted = 0;
+            for i in 0..tries {
+                let mut pod = slice_pod(&format!("burst-{i}"), mib, 0);
+                pod["metadata"]["namespace"] = Value::from(NS);
+                let mut child = std::process::Command::new(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(["create", "-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("kubectl");
+                use std::io::Write;
+                if let Some(mut w) = child.stdin.take() {
+                    let _ = w.write_all(pod.to_string().as_bytes());
+                }
+                if child.wait().is_ok_and(|s| s.success()) {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    j.parts.restart_webhook();
+    let admitted = creator.join().expect("creator thread");
+    let pods = c.json(&["get", "pods", "-n", NS, "-l", "vgpu.io/managed=true"]);
+    let held: u64 = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .count() as u64
+        * mib;
+    report(&format!(
+        "webhook restarted during {tries} creations: {admitted} admitted, {held} MiB held of {QUOTA_MIB}"
+    ));
+    assert!(
+        held <= QUOTA_MIB,
+        "{step}: {held} MiB of vGPU pods under a {QUOTA_MIB} MiB quota"
+    );
+    assert!(admitted >= 1, "{step}: nothing was admitted at all");
+}

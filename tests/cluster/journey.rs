@@ -1,0 +1,504 @@
+//! The user's journey through a real cluster: mutate, quota, place, allocate, run capped, Pending
+//! reasons, deletes that free, and pods vgpu must leave alone.
+
+use crate::image::PROBE_IMAGE;
+use crate::kube::Cluster;
+use crate::parts::{Parts, GPU_UUID, SCHEDULER_NAME};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use vgpu_core::annotations::{ASSIGNMENT, MANAGED_LABEL};
+use vgpu_core::assignment::PodAssignment;
+
+/// Labelled for vgpu, a gpumem quota, Pod Security `restricted` enforced.
+pub const NS: &str = "vgpu-tier";
+/// Labelled for vgpu, no quota.
+pub const NS_FREE: &str = "vgpu-tier-free";
+/// Not labelled: vgpu leaves its pods alone.
+pub const NS_PLAIN: &str = "vgpu-tier-plain";
+/// The quota on `NS`, MiB counted as GPUs x MiB.
+pub const QUOTA_MIB: u64 = 10240;
+/// Pod start, scheduling and admission waits.
+pub const WAIT: Duration = Duration::from_secs(90);
+/// One MiB.
+const MIB: u64 = 1 << 20;
+
+/// The journey's state: the parts and the cluster.
+pub struct Journey<'p, 'c> {
+    /// The running parts.
+    pub parts: &'p mut Parts<'c>,
+}
+
+/// A pod that meets Pod Security `restricted` (non-root, no privilege escalation, all capabilities
+/// dropped, RuntimeDefault seccomp) running the probe with `args`, asking for `limits`.
+pub fn probe_pod(name: &str, limits: Value, args: &[&str]) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "args": args,
+                // The fake driver's card: the node's one 24 GiB GPU.
+                "env": [{"name": "FAKE_CUDA_DEVICE_MEMORY", "value": "24g"}],
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}},
+                "resources": {"limits": limits}}]}})
+}
+
+/// `probe_pod` asking for one vGPU of `mib` MiB and `cores` percent, holding for an hour after
+/// the memory steps.
+pub fn slice_pod(name: &str, mib: u64, cores: u32) -> Value {
+    probe_pod(
+        name,
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string(),
+            "nvidia.com/gpucores": cores.to_string()}),
+        &["direct", "init", "ctx:0", "info", "hold:3600000"],
+    )
+}
+
+/// A pod without any GPU: busybox sleeping.
+pub fn plain_pod(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": "local/busybox:1", "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}}}]}})
+}
+
+fn with_ns(mut pod: Value, ns: &str) -> Value {
+    pod["metadata"]["namespace"] = json!(ns);
+    pod
+}
+
+impl<'p, 'c> Journey<'p, 'c> {
+    /// A journey over started parts, with fresh namespaces.
+    pub fn new(parts: &'p mut Parts<'c>) -> Journey<'p, 'c> {
+        let j = Journey { parts };
+        j.cleanup();
+        let c = j.cluster();
+        c.apply(
+            &json!({"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": {
+                    "vgpu": "enabled", "pod-security.kubernetes.io/enforce": "restricted"}}},
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_FREE, "labels": {
+                    "vgpu": "enabled"}}},
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_PLAIN}},
+                {"apiVersion": "v1", "kind": "ResourceQuota",
+                    "metadata": {"name": "gpu-quota", "namespace": NS},
+                    "spec": {"hard": {"limits.nvidia.com/gpumem": QUOTA_MIB.to_string()}}}]})
+            .to_string(),
+        );
+        // Namespaces get their default ServiceAccount from the controller-manager; pods wait for it.
+        for ns in [NS, NS_FREE, NS_PLAIN] {
+            c.wait(
+                WAIT,
+                &format!("setup: ServiceAccount default in {ns}"),
+                || c.get(&["serviceaccount", "default", "-n", ns]),
+            );
+        }
+        j
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &'c Cluster {
+        self.parts.cluster
+    }
+
+    /// Deletes the journey's namespaces (and with them every pod it made).
+    pub fn cleanup(&self) {
+        self.cluster().delete(&["namespace", NS, NS_FREE, NS_PLAIN]);
+    }
+
+    /// Every step in order.
+    pub fn run(&mut self) {
+        let a = self.step1_a_slice_runs_capped();
+        self.step2_quota_refuses_with_a_reason();
+        self.step3_too_large_stays_pending_with_a_reason();
+        self.step4_deletes_free_the_gpu_and_the_quota(&a);
+        self.step5_other_pods_are_untouched();
+    }
+
+    /// Creates `pod` in `ns`; the API server's refusal as `Err`.
+    pub fn create(&self, ns: &str, pod: Value) -> Result<String, String> {
+        self.cluster().create(&with_ns(pod, ns))
+    }
+
+    /// Waits until pod `ns/name` is Running and returns it.
+    pub fn wait_running(&self, ns: &str, name: &str, step: &str) -> Value {
+        let c = self.cluster();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let pod = c.pod(ns, name);
+            let phase = pod
+                .as_ref()
+                .and_then(|p| p["status"]["phase"].as_str().map(str::to_string));
+            if phase.as_deref() == Some("Running") {
+                return pod.unwrap_or_default();
+            }
+            if Instant::now() > deadline || matches!(phase.as_deref(), Some("Failed" | "Succeeded"))
+            {
+                let describe = c
+                    .kubectl(&["describe", "pod", name, "-n", ns])
+                    .unwrap_or_else(|e| e);
+                panic!("{step}: pod {ns}/{name} is not Running (phase {phase:?}):\n{describe}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The logs of pod `ns/name`, once a line passes `done`.
+    pub fn logs_until(
+        &self,
+        ns: &str,
+        name: &str,
+        step: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
+        let c = self.cluster();
+        vgpu_tests::wait_for(WAIT, &format!("{step}: the logs of {ns}/{name}"), || {
+            let logs = c.kubectl(&["logs", name, "-n", ns]).ok()?;
+            logs.lines().any(&done).then_some(logs)
+        })
+    }
+
+    /// Step 1: a vGPU pod in a labelled namespace is mutated, placed through the extender,
+    /// allocated by the kubelet through the plugin, and runs capped at its slice; the plugin's
+    /// metrics show its usage. Also times create -> Running against a plain pod.
+    fn step1_a_slice_runs_capped(&mut self) -> String {
+        let step = "step 1 (a slice runs capped)";
+        let c = self.cluster();
+        let plain_started = Instant::now();
+        self.create(NS, plain_pod("plain"))
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        self.wait_running(NS, "plain", step);
+        let plain = plain_started.elapsed();
+
+        let started = Instant::now();
+        let pod = probe_pod(
+            "probe-a",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
+            &[
+                "direct",
+                "init",
+                "ctx:0",
+                "alloc:4095m",
+                "alloc:1m",
+                "alloc:2m",
+                "info",
+                "hold:3600000",
+            ],
+        );
+        self.create(NS, pod)
+            .unwrap_or_else(|e| panic!("{step}: the API server refused probe-a: {e}"));
+        let pod = self.wait_running(NS, "probe-a", step);
+        let vgpu = started.elapsed();
+        crate::report(&format!(
+            "create -> Running: vGPU pod {:.2} s, plain pod {:.2} s ({:.2}x)",
+            vgpu.as_secs_f64(),
+            plain.as_secs_f64(),
+            vgpu.as_secs_f64() / plain.as_secs_f64()
+        ));
+
+        assert_eq!(
+            pod["spec"]["schedulerName"], SCHEDULER_NAME,
+            "{step}: webhook /mutate did not set the scheduler name"
+        );
+        assert_eq!(
+            pod["metadata"]["labels"][MANAGED_LABEL], "true",
+            "{step}: webhook /mutate did not label the pod"
+        );
+        assert_eq!(
+            pod["spec"]["nodeName"], c.node,
+            "{step}: kube-scheduler + extender placed it elsewhere"
+        );
+        let assignment = pod["metadata"]["annotations"][ASSIGNMENT]
+            .as_str()
+            .and_then(|a| PodAssignment::decode(a).ok())
+            .unwrap_or_else(|| panic!("{step}: the extender's bind wrote no assignment: {pod}"));
+        let slice = &assignment.containers[0].devices[0];
+        assert_eq!(
+            (slice.uuid.as_str(), slice.memory_mib, slice.cores),
+            (GPU_UUID, 4096, 30),
+            "{step}: the extender's assignment"
+        );
+        let logs = self.logs_until(NS, "probe-a", step, |l| l.starts_with("info ="));
+        for want in [
+            format!("alloc {} = 0", 4095 * MIB),
+            format!("alloc {} = 0", MIB),
+            // CUDA_ERROR_OUT_OF_MEMORY
+            format!("alloc {} = 2", 2 * MIB),
+            format!("info = 0 free 0 total {}", 4096 * MIB),
+        ] {
+            assert!(
+                logs.lines().any(|l| l == want),
+                "{step}: the hook in the container: no line {want:?} in its logs:\n{logs}"
+            );
+        }
+        assert!(
+            !logs.contains("vgpu:"),
+            "{step}: the hook printed a complaint in a container vgpu itself set up:\n{logs}"
+        );
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let metrics = self
+            .parts
+            .plugin
+            .as_ref()
+            .map(|p| p.metrics)
+            .expect("plugin");
+        let line = vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: the device plugin's /metrics"),
+            || {
+                let (_, body) = http_get(metrics, "/metrics")?;
+                body.lines()
+                    .find(|l| {
+                        l.starts_with("vgpu_container_memory_used_bytes{")
+                            && l.contains("pod=\"probe-a\"")
+                            && l.ends_with(&format!(" {}", 4096 * MIB))
+                    })
+                    .map(str::to_string)
+            },
+        );
+        assert!(
+            line.contains(&format!("namespace=\"{NS}\"")),
+            "{step}: {line}"
+        );
+        // The webhook serves plain certificate files here (not a Secret volume): read once, they
+        // must not set its watcher reloading in a loop.
+        let webhook = self.parts.webhook.as_ref().expect("webhook");
+        std::fs::read(self.parts.tmp.path().join("tls.crt")).expect("read tls.crt");
+        let share = vgpu_tests::process::cpu_share(webhook.proc.pid(), Duration::from_secs(2));
+        assert!(
+            share < 0.1,
+            "{step}: the idle webhook uses {:.0} % of a core",
+            share * 100.0
+        );
+        uid
+    }
+
+    /// Step 2: over the quota, a pod is refused at creation and the reason is in `kubectl get
+    /// events`; a Deployment stops at the quota with the reason on its ReplicaSet.
+    fn step2_quota_refuses_with_a_reason(&mut self) {
+        let step = "step 2 (quota)";
+        let c = self.cluster();
+        let err = self
+            .create(NS, slice_pod("over", 8192, 0))
+            .expect_err("step 2: a pod over the quota was admitted");
+        assert!(
+            err.contains("quota") && err.contains("8192"),
+            "{step}: webhook /validate's refusal does not name the quota: {err}"
+        );
+        c.wait(
+            WAIT,
+            &format!("{step}: an Event about the refused pod over"),
+            || {
+                c.events(NS)
+                    .into_iter()
+                    .find(|(o, r, m)| o == "over" && r == "VGPUQuotaExceeded" && m.contains("8192"))
+            },
+        );
+        // A policy refusal of a pod without an owner is an Event too.
+        let mut privileged = slice_pod("privileged", 1024, 0);
+        privileged["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+        let err = self
+            .create(NS_FREE, privileged)
+            .expect_err("step 2: a privileged vGPU pod was admitted");
+        assert!(err.contains("denyPrivileged"), "{step}: {err}");
+        c.wait(
+            WAIT,
+            &format!("{step}: an Event about the refused pod privileged"),
+            || {
+                c.events(NS_FREE)
+                    .into_iter()
+                    .find(|(o, r, _)| o == "privileged" && r == "VGPUPolicyViolation")
+            },
+        );
+
+        let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "replicas", "namespace": NS},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "replicas"}},
+                "template": {"metadata": {"labels": {"app": "replicas"}}}}});
+        let mut pod = slice_pod("x", 4096, 0);
+        pod["spec"]["restartPolicy"] = json!("Always");
+        d["spec"]["template"] =
+            json!({"metadata": {"labels": {"app": "replicas"}}, "spec": pod["spec"]});
+        c.create(&d).unwrap_or_else(|e| panic!("{step}: {e}"));
+        // 4096 (probe-a) + 4096 fits under 10240; a third 4096 does not.
+        let rs = c.wait(
+            WAIT,
+            &format!("{step}: the ReplicaSet's quota event"),
+            || {
+                let rs = c.json(&["get", "replicasets", "-n", NS, "-l", "app=replicas"])["items"]
+                    [0]["metadata"]["name"]
+                    .as_str()?
+                    .to_string();
+                c.events(NS)
+                    .into_iter()
+                    .any(|(o, r, m)| o == rs && r == "FailedCreate" && m.contains("quota"))
+                    .then_some(rs)
+            },
+        );
+        let running = c.wait(WAIT, &format!("{step}: one replica Running"), || {
+            let d = c.get(&["deployment", "replicas", "-n", NS])?;
+            (d["status"]["readyReplicas"] == 1).then_some(d)
+        });
+        assert_eq!(
+            running["status"]["replicas"], 1,
+            "{step}: ReplicaSet {rs} made more pods than the quota allows"
+        );
+    }
+
+    /// Step 3: a pod no GPU can hold stays Pending and `kubectl describe pod` says why: the
+    /// extender's message in the FailedScheduling event.
+    fn step3_too_large_stays_pending_with_a_reason(&mut self) {
+        let step = "step 3 (Pending with a reason)";
+        let c = self.cluster();
+        let pod = probe_pod(
+            "two-gpus",
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1024"}),
+            &["direct", "init"],
+        );
+        self.create(NS_FREE, pod)
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let describe = c.wait(
+            WAIT,
+            &format!("{step}: FailedScheduling from the extender"),
+            || {
+                let d = c
+                    .kubectl(&["describe", "pod", "two-gpus", "-n", NS_FREE])
+                    .ok()?;
+                (d.contains("FailedScheduling") && d.contains("GPU")).then_some(d)
+            },
+        );
+        let pod = c.pod(NS_FREE, "two-gpus").unwrap_or_default();
+        assert_eq!(pod["status"]["phase"], "Pending", "{step}: {describe}");
+        assert!(
+            pod["spec"]["nodeName"].is_null(),
+            "{step}: placed without room: {pod}"
+        );
+    }
+
+    /// Step 4: deleting pods frees the GPU (scheduler /metrics) and the quota at once; the freed
+    /// slice is reused.
+    fn step4_deletes_free_the_gpu_and_the_quota(&mut self, probe_a_uid: &str) {
+        let step = "step 4 (deletes free)";
+        let c = self.cluster();
+        let metrics = self
+            .parts
+            .scheduler
+            .as_ref()
+            .map(|s| s.metrics)
+            .expect("scheduler");
+        let allocated = |body: &str| -> Option<u64> {
+            body.lines()
+                .find(|l| {
+                    l.starts_with("vgpu_device_memory_allocated_bytes{") && l.contains(GPU_UUID)
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .map(|v| v as u64)
+        };
+        let before =
+            vgpu_tests::wait_for(WAIT, &format!("{step}: the scheduler's /metrics"), || {
+                allocated(&http_get(metrics, "/metrics")?.1)
+            });
+        assert_eq!(
+            before,
+            8192 * MIB,
+            "{step}: the scheduler counts probe-a and one replica"
+        );
+        c.delete(&["deployment", "replicas", "-n", NS]);
+        c.delete(&["pod", "probe-a", "-n", NS]);
+        let deleted = Instant::now();
+        vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: the scheduler frees the GPU"),
+            || (allocated(&http_get(metrics, "/metrics")?.1)? == 0).then_some(()),
+        );
+        // The quota is back as soon as the pods are gone: the full 10240 MiB in two pods.
+        let mut admitted = 0;
+        vgpu_tests::wait_for(WAIT, &format!("{step}: the quota is free again"), || {
+            while admitted < 2 {
+                match self.create(NS, slice_pod(&format!("again-{admitted}"), 5120, 0)) {
+                    Ok(_) => admitted += 1,
+                    Err(_) => return None,
+                }
+            }
+            Some(())
+        });
+        crate::report(&format!(
+            "quota back {:.2} s after the deletes returned",
+            deleted.elapsed().as_secs_f64()
+        ));
+        let pod = self.wait_running(NS, "again-0", step);
+        assert_ne!(pod["metadata"]["uid"], probe_a_uid);
+        let a = PodAssignment::decode(
+            pod["metadata"]["annotations"][ASSIGNMENT]
+                .as_str()
+                .unwrap_or(""),
+        )
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+        assert_eq!(
+            a.containers[0].devices[0].uuid, GPU_UUID,
+            "{step}: the freed slice is reused"
+        );
+        self.wait_running(NS, "again-1", step);
+        c.delete(&["pod", "again-0", "again-1", "-n", NS]);
+    }
+
+    /// Step 5: a GPU pod in an unlabelled namespace and a plain pod in a labelled one are not
+    /// touched by the webhook.
+    fn step5_other_pods_are_untouched(&mut self) {
+        let step = "step 5 (untouched)";
+        let c = self.cluster();
+        let plain = c.pod(NS, "plain").unwrap_or_default();
+        assert_eq!(
+            plain["spec"]["schedulerName"], "default-scheduler",
+            "{step}: {plain}"
+        );
+        assert!(
+            plain["metadata"]["labels"][MANAGED_LABEL].is_null(),
+            "{step}: {plain}"
+        );
+        let gpu = slice_pod("elsewhere", 1024, 0);
+        self.create(NS_PLAIN, gpu)
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let pod = c.pod(NS_PLAIN, "elsewhere").unwrap_or_default();
+        assert_eq!(
+            pod["spec"]["schedulerName"], "default-scheduler",
+            "{step}: {pod}"
+        );
+        assert!(
+            pod["metadata"]["labels"][MANAGED_LABEL].is_null(),
+            "{step}: {pod}"
+        );
+        assert!(
+            pod["spec"]["containers"][0]["env"]
+                .as_array()
+                .is_some_and(|e| e.len() == 1),
+            "{step}: env changed: {pod}"
+        );
+        c.delete(&["pod", "elsewhere", "-n", NS_PLAIN]);
+    }
+}
+
+/// A plain-HTTP GET: (status, body).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}

@@ -1,0 +1,461 @@
+//! vgpu's parts as host processes on the cluster's node, each configured from the rendered chart:
+//! the chart's RBAC and a ServiceAccount token per part, the chart's container args (only the
+//! host-specific ones replaced), the chart's webhook configurations (only `clientConfig` pointed at
+//! the host), and a second kube-scheduler with the chart's KubeSchedulerConfiguration.
+
+use crate::kube::{Cluster, DEVICE_PLUGIN_DIR};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use vgpu_tests::helm::{args, Chart, NAMESPACE};
+use vgpu_tests::net::{addr_after, free_port, listening_addr};
+use vgpu_tests::process::Running;
+
+/// How long a part may take to come up.
+pub const START: Duration = Duration::from_secs(60);
+/// The one fake GPU of the node (the fake NVML's, and the fake libcuda's in the image).
+pub const GPU_UUID: &str = "GPU-c1a55e00-0000-4000-8000-000000000001";
+/// Its model.
+pub const GPU_MODEL: &str = "NVIDIA A10";
+/// Its memory.
+pub const GPU_MIB: u64 = 24576;
+/// The chart's scheduler name.
+pub const SCHEDULER_NAME: &str = "vgpu-scheduler";
+
+/// The chart rendered for this cluster's version.
+pub fn chart() -> Chart {
+    let helm = vgpu_tests::helm::helm().unwrap_or_else(|| {
+        panic!("the cluster tier renders the chart: no helm ($HELM, .ci/tools/bin/helm or PATH); run .ci/install-tools")
+    });
+    Chart::render(&helm, "1.36.2", &[])
+}
+
+/// `args` without the flags named in `drop` (`--flag=value` or `--flag value`).
+fn without(args: Vec<String>, drop: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        let name = a.split('=').next().unwrap_or_default();
+        if drop.contains(&name) {
+            skip_value = !a.contains('=');
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
+/// The webhook as a host process, registered with the chart's two configurations.
+pub struct Webhook {
+    /// The process.
+    pub proc: Running,
+    /// Its HTTPS address.
+    pub addr: SocketAddr,
+    cert: PathBuf,
+    key: PathBuf,
+    args: Vec<String>,
+}
+
+/// The scheduler pair: vgpu-scheduler and a kube-scheduler that calls it.
+pub struct Scheduler {
+    /// vgpu-scheduler.
+    pub extender: Running,
+    /// Its extender address.
+    pub extender_addr: SocketAddr,
+    /// Its metrics address.
+    pub metrics: SocketAddr,
+    /// kube-scheduler with the chart's configuration (kept to keep it running).
+    _kube_scheduler: Running,
+    args: Vec<String>,
+}
+
+/// The device plugin registered with the node's kubelet.
+pub struct DevicePlugin {
+    /// The process.
+    pub proc: Running,
+    /// Its metrics address.
+    pub metrics: SocketAddr,
+    cmd: Vec<String>,
+    envs: Vec<(String, PathBuf)>,
+}
+
+/// Everything the tier started; stopping it unregisters the webhooks first, so a dead webhook
+/// never outlives the run in the cluster's admission chain.
+pub struct Parts<'c> {
+    /// The cluster.
+    pub cluster: &'c Cluster,
+    /// Scratch space: certificates, kubeconfigs, the device plugin's host directory.
+    pub tmp: tempfile::TempDir,
+    /// The webhook.
+    pub webhook: Option<Webhook>,
+    /// The scheduler pair.
+    pub scheduler: Option<Scheduler>,
+    /// The device plugin.
+    pub plugin: Option<DevicePlugin>,
+    /// The rendered chart.
+    pub chart: Chart,
+    /// The webhook's CA (PEM).
+    pub ca_pem: String,
+}
+
+impl Drop for Parts<'_> {
+    fn drop(&mut self) {
+        for c in [
+            "mutatingwebhookconfiguration/vgpu-mutate",
+            "validatingwebhookconfiguration/vgpu-validate",
+        ] {
+            let _ = self.cluster.kubectl(&["delete", "--ignore-not-found", c]);
+        }
+    }
+}
+
+impl<'c> Parts<'c> {
+    /// Applies the chart's namespace-independent setup (RBAC, ServiceAccounts) and starts nothing.
+    pub fn prepare(cluster: &'c Cluster) -> Parts<'c> {
+        let chart = chart();
+        let tmp = tempfile::Builder::new()
+            .prefix("vgpu-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        cluster.apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+                .to_string(),
+        );
+        let rbac: Vec<&Value> = chart
+            .docs
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d["kind"].as_str(),
+                    Some(
+                        "ServiceAccount"
+                            | "ClusterRole"
+                            | "ClusterRoleBinding"
+                            | "Role"
+                            | "RoleBinding"
+                    )
+                )
+            })
+            .collect();
+        cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string());
+        let pki = vgpu_tests::certs::TestPki::new(&[]);
+        pki.write(tmp.path());
+        Parts {
+            cluster,
+            ca_pem: pki.ca_pem.clone(),
+            tmp,
+            webhook: None,
+            scheduler: None,
+            plugin: None,
+            chart,
+        }
+    }
+
+    fn kubeconfig_for(&self, sa: &str) -> PathBuf {
+        let path = self.tmp.path().join(format!("{sa}.kubeconfig"));
+        if !path.exists() {
+            self.cluster
+                .service_account_kubeconfig(NAMESPACE, sa, &path);
+        }
+        path
+    }
+
+    fn config_file(&self, configmap: &str) -> PathBuf {
+        let text = self.chart.get("ConfigMap", configmap)["data"]["config.yaml"]
+            .as_str()
+            .unwrap_or_else(|| panic!("ConfigMap {configmap} has no config.yaml"))
+            .to_string();
+        let path = self.tmp.path().join(format!("{configmap}.yaml"));
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    /// Starts the webhook with the chart's args and registers the chart's webhook configurations
+    /// at its host address.
+    pub fn start_webhook(&mut self) {
+        let kubeconfig = self.kubeconfig_for("vgpu-webhook");
+        let config = self.config_file("vgpu-webhook");
+        let mut args = without(
+            args(
+                self.chart
+                    .container("Deployment", "vgpu-webhook", "webhook"),
+            ),
+            &["--listen", "--tls-cert", "--tls-key", "--config"],
+        );
+        args.extend([
+            "--config".into(),
+            config.display().to_string(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--namespace".into(),
+            NAMESPACE.into(),
+        ]);
+        let (cert, key) = (
+            self.tmp.path().join("tls.crt"),
+            self.tmp.path().join("tls.key"),
+        );
+        let w = launch_webhook(&cert, &key, &args, "127.0.0.1:0");
+        self.register_webhooks(w.addr);
+        self.webhook = Some(w);
+    }
+
+    /// Stops the webhook (its configurations stay: the API server then fails closed).
+    pub fn stop_webhook(&mut self) {
+        if let Some(w) = self.webhook.as_mut() {
+            w.proc.kill();
+        }
+    }
+
+    /// Starts the webhook again on the same address with the same args.
+    pub fn restart_webhook(&mut self) {
+        let w = self.webhook.take().expect("webhook running");
+        let (cert, key, args, addr) = (w.cert.clone(), w.key.clone(), w.args.clone(), w.addr);
+        drop(w);
+        self.webhook = Some(launch_webhook(&cert, &key, &args, &addr.to_string()));
+    }
+
+    fn register_webhooks(&self, addr: SocketAddr) {
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        for (kind, name, path) in [
+            ("MutatingWebhookConfiguration", "vgpu-mutate", "/mutate"),
+            (
+                "ValidatingWebhookConfiguration",
+                "vgpu-validate",
+                "/validate",
+            ),
+        ] {
+            let mut doc = self.chart.get(kind, name).clone();
+            for w in doc["webhooks"].as_array_mut().into_iter().flatten() {
+                w["clientConfig"] = json!({"url": format!("https://{addr}{path}"), "caBundle": ca});
+            }
+            self.cluster.apply(&doc.to_string());
+        }
+    }
+
+    /// Starts vgpu-scheduler with the chart's args and a kube-scheduler with the chart's
+    /// configuration pointed at it.
+    pub fn start_scheduler(&mut self) {
+        let kubeconfig = self.kubeconfig_for("vgpu-scheduler");
+        let mut args = without(
+            args(
+                self.chart
+                    .container("Deployment", "vgpu-scheduler", "vgpu-scheduler"),
+            ),
+            &["--listen", "--metrics-listen"],
+        );
+        args.extend([
+            "--listen=127.0.0.1:0".into(),
+            "--metrics-listen=127.0.0.1:0".into(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+        ]);
+        let (extender, extender_addr, metrics) = launch_extender(&args);
+
+        let text = self.chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
+            .as_str()
+            .expect("scheduler config")
+            .to_string();
+        let mut config: Value =
+            serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).expect("YAML"))
+                .expect("JSON");
+        // Host process: the token's kubeconfig instead of in-cluster config, no leader election
+        // (a lease left by an earlier run would hold the new one back for its duration), and the
+        // extender where it listens here.
+        config["clientConnection"] = json!({"kubeconfig": kubeconfig});
+        config["leaderElection"] = json!({"leaderElect": false});
+        config["extenders"][0]["urlPrefix"] = json!(format!("http://{extender_addr}"));
+        let path = self.tmp.path().join("kube-scheduler.json");
+        std::fs::write(&path, config.to_string()).expect("write scheduler config");
+        let kube_scheduler = self.launch_kube_scheduler(&path, &kubeconfig, "kube-scheduler");
+        self.scheduler = Some(Scheduler {
+            extender,
+            extender_addr,
+            metrics,
+            _kube_scheduler: kube_scheduler,
+            args,
+        });
+    }
+
+    /// A kube-scheduler from the cluster's binaries with `config`.
+    pub fn launch_kube_scheduler(&self, config: &Path, kubeconfig: &Path, name: &str) -> Running {
+        let port = free_port();
+        let mut cmd = Command::new(self.cluster.bin("kube-scheduler"));
+        cmd.arg(format!("--config={}", config.display()))
+            .args(["--bind-address=127.0.0.1", "--v=2"])
+            .arg(format!("--secure-port={port}"))
+            .arg(format!(
+                "--authentication-kubeconfig={}",
+                kubeconfig.display()
+            ))
+            .arg(format!(
+                "--authorization-kubeconfig={}",
+                kubeconfig.display()
+            ));
+        let mut p = Running::spawn(name, cmd);
+        p.wait_for_line(START, |l| l.contains("Serving securely"));
+        p
+    }
+
+    /// Stops vgpu-scheduler, leaving kube-scheduler running.
+    pub fn stop_extender(&mut self) {
+        if let Some(s) = self.scheduler.as_mut() {
+            s.extender.kill();
+        }
+    }
+
+    /// Starts vgpu-scheduler again on the same addresses.
+    pub fn restart_extender(&mut self) {
+        let s = self.scheduler.as_mut().expect("scheduler pair");
+        let mut a = without(s.args.clone(), &["--listen", "--metrics-listen"]);
+        a.extend([
+            format!("--listen={}", s.extender_addr),
+            format!("--metrics-listen={}", s.metrics),
+        ]);
+        s.extender.kill();
+        let (p, _, _) = launch_extender(&a);
+        s.extender = p;
+    }
+
+    /// Runs the DaemonSet's init step (`--install-lib`) and starts the device plugin with the
+    /// chart's args, the fake NVML standing in for the driver.
+    pub fn start_device_plugin(&mut self) {
+        let host_dir = self.tmp.path().join("host-vgpu");
+        let bin = vgpu_tests::binary("vgpu-device-plugin");
+        let out = Command::new(&bin)
+            .arg(format!("--install-lib={}", host_dir.display()))
+            .arg(format!(
+                "--lib-source={}",
+                vgpu_tests::cdylib("vgpu").display()
+            ))
+            .output()
+            .expect("run --install-lib");
+        assert!(out.status.success(), "device plugin --install-lib: {out:?}");
+        let nvml = self.tmp.path().join("nvml.json");
+        std::fs::write(
+            &nvml,
+            json!({"gpus": [{"uuid": GPU_UUID, "name": GPU_MODEL, "memoryMib": GPU_MIB}]})
+                .to_string(),
+        )
+        .expect("write nvml config");
+        let kubeconfig = self.kubeconfig_for("vgpu-device-plugin");
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut cmd = without(
+            args(
+                self.chart
+                    .container("DaemonSet", "vgpu-device-plugin", "device-plugin"),
+            ),
+            &[
+                "--host-dir",
+                "--metrics-listen",
+                "--nvml-lib",
+                "--device-plugin-dir",
+            ],
+        );
+        cmd.extend([
+            format!("--host-dir={}", host_dir.display()),
+            format!("--metrics-listen={metrics}"),
+            format!("--nvml-lib={}", vgpu_tests::cdylib("fake_nvml").display()),
+            format!("--device-plugin-dir={DEVICE_PLUGIN_DIR}"),
+            format!("--node-name={}", self.cluster.node),
+        ]);
+        let envs = vec![
+            ("KUBECONFIG".to_string(), kubeconfig),
+            ("FAKE_NVML_CONFIG".to_string(), nvml),
+        ];
+        let proc = launch_plugin(&cmd, &envs);
+        self.wait_for_capacity("the device plugin registers");
+        self.plugin = Some(DevicePlugin {
+            proc,
+            metrics,
+            cmd,
+            envs,
+        });
+    }
+
+    /// Waits until the node advertises the split GPU (`--split-count` devices, allocatable) and the
+    /// plugin's inventory: the kubelet has the plugin's devices and the extender can see the GPU.
+    pub fn wait_for_capacity(&self, what: &str) -> std::time::Duration {
+        let started = std::time::Instant::now();
+        let split = args(
+            self.chart
+                .container("DaemonSet", "vgpu-device-plugin", "device-plugin"),
+        )
+        .iter()
+        .find_map(|a| a.strip_prefix("--split-count=").map(str::to_string))
+        .expect("the chart passes --split-count");
+        self.cluster.wait(
+            START,
+            &format!("{what}: node allocatable nvidia.com/gpu {split}"),
+            || {
+                let node = self.cluster.get(&["node", &self.cluster.node])?;
+                let inventory = node["metadata"]["annotations"]
+                    [vgpu_core::annotations::NODE_DEVICES]
+                    .as_str()?;
+                (node["status"]["allocatable"]["nvidia.com/gpu"] == split.as_str()
+                    && inventory.contains(GPU_UUID))
+                .then_some(())
+            },
+        );
+        started.elapsed()
+    }
+
+    /// Kills the device plugin (SIGKILL) and starts it again with the same flags; returns how long
+    /// the new one took to register with the kubelet.
+    pub fn restart_device_plugin(&mut self) -> std::time::Duration {
+        let p = self.plugin.as_mut().expect("device plugin");
+        p.proc.kill();
+        let started = std::time::Instant::now();
+        p.proc = launch_plugin(&p.cmd, &p.envs);
+        p.proc
+            .wait_for_line(START, |l| l.contains("registered with the kubelet"));
+        started.elapsed()
+    }
+}
+
+fn launch_webhook(cert: &Path, key: &Path, args: &[String], listen: &str) -> Webhook {
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-webhook"));
+    cmd.env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .arg(format!("--listen={listen}"))
+        .arg(format!("--tls-cert={}", cert.display()))
+        .arg(format!("--tls-key={}", key.display()))
+        .args(args);
+    let mut proc = Running::spawn("vgpu-webhook", cmd);
+    let line = proc.wait_for_line(START, |l| listening_addr(l).is_some());
+    let addr = listening_addr(&line).unwrap_or_else(|| panic!("no address in {line:?}"));
+    Webhook {
+        proc,
+        addr,
+        cert: cert.into(),
+        key: key.into(),
+        args: args.to_vec(),
+    }
+}
+
+fn launch_extender(args: &[String]) -> (Running, SocketAddr, SocketAddr) {
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-scheduler"));
+    cmd.args(args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG");
+    let mut p = Running::spawn("vgpu-scheduler", cmd);
+    let addr = addr_after(&p.wait_for_line(START, |l| l.contains("extender listening")));
+    let metrics = addr_after(&p.wait_for_line(START, |l| l.contains("metrics listening")));
+    (p, addr, metrics)
+}
+
+fn launch_plugin(args: &[String], envs: &[(String, PathBuf)]) -> Running {
+    let mut cmd = Command::new(vgpu_tests::binary("vgpu-device-plugin"));
+    cmd.args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("RUST_LOG", "info");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    Running::spawn("vgpu-device-plugin", cmd)
+}
