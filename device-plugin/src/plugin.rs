@@ -291,8 +291,16 @@ impl DevicePlugin for Service {
             .get_ref()
             .container_requests
             .iter()
-            .map(|c| api::ContainerPreferredAllocationResponse {
-                device_i_ds: self.0.preferred(c),
+            .map(|c| {
+                let device_i_ds = self.0.preferred(c);
+                tracing::info!(
+                    available = c.available_device_i_ds.len(),
+                    must_include = ?c.must_include_device_i_ds,
+                    size = c.allocation_size,
+                    preferred = ?device_i_ds,
+                    "preferred allocation"
+                );
+                api::ContainerPreferredAllocationResponse { device_i_ds }
             })
             .collect();
         Ok(Response::new(api::PreferredAllocationResponse {

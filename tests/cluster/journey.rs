@@ -87,7 +87,8 @@ impl<'p, 'c> Journey<'p, 'c> {
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_PLAIN}},
                 {"apiVersion": "v1", "kind": "ResourceQuota",
                     "metadata": {"name": "gpu-quota", "namespace": NS},
-                    "spec": {"hard": {"limits.nvidia.com/gpumem": QUOTA_MIB.to_string()}}}]})
+                    // The key README recommends: Kubernetes counts it too (kubectl describe quota).
+                    "spec": {"hard": {"requests.nvidia.com/gpumem": QUOTA_MIB.to_string()}}}]})
             .to_string(),
         );
         // Namespaces get their default ServiceAccount from the controller-manager; pods wait for it.
@@ -240,6 +241,8 @@ impl<'p, 'c> Journey<'p, 'c> {
             !logs.contains("vgpu:"),
             "{step}: the hook printed a complaint in a container vgpu itself set up:\n{logs}"
         );
+        let plugin = self.parts.plugin.as_ref().expect("plugin");
+        crate::fixtures::check_kubelet_calls(&plugin.proc.output(), &format!("{NS}/probe-a"));
         let uid = pod["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
@@ -267,6 +270,28 @@ impl<'p, 'c> Journey<'p, 'c> {
         assert!(
             line.contains(&format!("namespace=\"{NS}\"")),
             "{step}: {line}"
+        );
+        // What vgpu enforces is where an operator looks: `kubectl describe quota` (Kubernetes' count
+        // of requests.nvidia.com/gpumem, equal for one-GPU containers) and the webhook's gauge.
+        let describe = c.wait(WAIT, &format!("{step}: kubectl describe quota"), || {
+            let d = c
+                .kubectl(&["describe", "quota", "gpu-quota", "-n", NS])
+                .ok()?;
+            d.lines()
+                .any(|l| {
+                    l.split_whitespace().collect::<Vec<_>>()
+                        == ["requests.nvidia.com/gpumem", "4096", "10240"]
+                })
+                .then_some(d)
+        });
+        let webhook = self.parts.webhook.as_ref().expect("webhook");
+        let metrics = self.parts.https_get(webhook.addr, "/metrics");
+        let want = format!(
+            "vgpu_webhook_quota_used{{namespace=\"{NS}\",quota=\"gpu-quota\",resource=\"requests.nvidia.com/gpumem\"}} 4096"
+        );
+        assert!(
+            metrics.lines().any(|l| l == want),
+            "{step}: the webhook's /metrics lacks {want}:\n{metrics}\n{describe}"
         );
         // The webhook serves plain certificate files here (not a Secret volume): read once, they
         // must not set its watcher reloading in a loop.

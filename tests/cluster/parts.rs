@@ -205,6 +205,18 @@ impl<'c> Parts<'c> {
         self.webhook = Some(w);
     }
 
+    /// GET `path` over HTTPS from a part serving the tier's certificate (curl, trusting its CA).
+    pub fn https_get(&self, addr: SocketAddr, path: &str) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--fail", "--max-time", "10", "--cacert"])
+            .arg(self.tmp.path().join("ca.crt"))
+            .arg(format!("https://{addr}{path}"))
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "GET {path}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Stops the webhook (its configurations stay: the API server then fails closed).
     pub fn stop_webhook(&mut self) {
         if let Some(w) = self.webhook.as_mut() {
@@ -283,22 +295,7 @@ impl<'c> Parts<'c> {
 
     /// A kube-scheduler from the cluster's binaries with `config`.
     pub fn launch_kube_scheduler(&self, config: &Path, kubeconfig: &Path, name: &str) -> Running {
-        let port = free_port();
-        let mut cmd = Command::new(self.cluster.bin("kube-scheduler"));
-        cmd.arg(format!("--config={}", config.display()))
-            .args(["--bind-address=127.0.0.1", "--v=2"])
-            .arg(format!("--secure-port={port}"))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                kubeconfig.display()
-            ))
-            .arg(format!(
-                "--authorization-kubeconfig={}",
-                kubeconfig.display()
-            ));
-        let mut p = Running::spawn(name, cmd);
-        p.wait_for_line(START, |l| l.contains("Serving securely"));
-        p
+        launch_kube_scheduler(self.cluster, config, kubeconfig, name)
     }
 
     /// Stops vgpu-scheduler, leaving kube-scheduler running.
@@ -458,4 +455,29 @@ fn launch_plugin(args: &[String], envs: &[(String, PathBuf)]) -> Running {
         cmd.env(k, v);
     }
     Running::spawn("vgpu-device-plugin", cmd)
+}
+
+/// A kube-scheduler from `cluster`'s binaries with `config`, once it serves.
+pub fn launch_kube_scheduler(
+    cluster: &Cluster,
+    config: &Path,
+    kubeconfig: &Path,
+    name: &str,
+) -> Running {
+    let port = free_port();
+    let mut cmd = Command::new(cluster.bin("kube-scheduler"));
+    cmd.arg(format!("--config={}", config.display()))
+        .args(["--bind-address=127.0.0.1", "--v=2"])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!(
+            "--authentication-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg(format!(
+            "--authorization-kubeconfig={}",
+            kubeconfig.display()
+        ));
+    let mut p = Running::spawn(name, cmd);
+    p.wait_for_line(START, |l| l.contains("Serving securely"));
+    p
 }

@@ -29,6 +29,7 @@ use vgpu_fake_kubelet::api::ContainerAllocateResponse;
 use vgpu_fake_kubelet::{FakeKubelet, PluginClient};
 use vgpu_tests::certs::TestPki;
 use vgpu_tests::https;
+use vgpu_tests::kube_scheduler;
 use vgpu_tests::net::{addr_after, free_port, http};
 use vgpu_tests::process::{start_webhook, Running};
 
@@ -391,17 +392,19 @@ impl Cluster {
             Some(h) => self.node_names().into_iter().filter(|n| *n == h).collect(),
             None => self.node_names(),
         };
-        self.extender("/filter", json!({"Pod": pod, "NodeNames": nodes}))
+        self.extender("/filter", kube_scheduler::filter_args(&pod, &nodes))
             .await
     }
 
-    /// kube-scheduler's cycle for one pod: filter, prioritize, pick the best score, bind. Checks
-    /// the Binding and the assignment landed; returns the node index and the assignment.
+    /// kube-scheduler's cycle for one pod: filter, prioritize (only when more than one node is
+    /// left, as kube-scheduler does), pick the best score, bind. Bodies are built from the
+    /// captured fixtures and answers read as kube-scheduler's Go client reads them. Checks the
+    /// Binding and the assignment landed; returns the node index and the assignment.
     async fn schedule(&self, ns: &str, name: &str) -> (usize, PodAssignment) {
         let f = self.filter(ns, name).await;
-        let feasible: Vec<String> = f["NodeNames"]
+        let feasible: Vec<String> = kube_scheduler::field(&f, "NodeNames")
             .as_array()
-            .unwrap_or_else(|| panic!("step filter of {ns}/{name}: no nodenames in {f}"))
+            .unwrap_or_else(|| panic!("step filter of {ns}/{name}: no NodeNames in {f}"))
             .iter()
             .map(|v| v.as_str().unwrap().to_string())
             .collect();
@@ -410,38 +413,51 @@ impl Cluster {
             "step filter of {ns}/{name}: the scheduler found no node: {f}"
         );
         let pod = self.pod(ns, name);
-        let scores = self
-            .extender("/prioritize", json!({"Pod": pod, "NodeNames": feasible}))
-            .await;
-        let scores = scores
-            .as_array()
-            .unwrap_or_else(|| panic!("step prioritize of {ns}/{name}: not a list: {scores}"));
-        assert_eq!(
-            scores.len(),
-            feasible.len(),
-            "step prioritize of {ns}/{name}: one score per feasible node expected: {scores:?}"
-        );
-        eprintln!("step prioritize of {ns}/{name}: {scores:?}");
-        // kube-scheduler takes the highest total score; ties go to the first listed here.
-        let best = scores
-            .iter()
-            .fold(None::<&Value>, |b, s| match b {
-                Some(b) if b["Score"].as_i64() >= s["Score"].as_i64() => Some(b),
-                _ => Some(s),
-            })
-            .unwrap();
-        let node = best["Host"].as_str().unwrap().to_string();
+        let feasible: Vec<&str> = feasible.iter().map(String::as_str).collect();
+        let node = if kube_scheduler::calls_prioritize(feasible.len()) {
+            let scores = self
+                .extender(
+                    "/prioritize",
+                    kube_scheduler::prioritize_args(&pod, &feasible),
+                )
+                .await;
+            let scores = scores
+                .as_array()
+                .unwrap_or_else(|| panic!("step prioritize of {ns}/{name}: not a list: {scores}"));
+            assert_eq!(
+                scores.len(),
+                feasible.len(),
+                "step prioritize of {ns}/{name}: one score per feasible node expected: {scores:?}"
+            );
+            eprintln!("step prioritize of {ns}/{name}: {scores:?}");
+            // kube-scheduler takes the highest total score; ties go to the first listed here.
+            let best = scores
+                .iter()
+                .fold(None::<&Value>, |b, s| {
+                    let score = |v: &Value| kube_scheduler::field(v, "Score").as_i64();
+                    match b {
+                        Some(b) if score(b) >= score(s) => Some(b),
+                        _ => Some(s),
+                    }
+                })
+                .unwrap();
+            kube_scheduler::field(best, "Host")
+                .as_str()
+                .unwrap()
+                .to_string()
+        } else {
+            feasible[0].to_string()
+        };
         let b = self
             .extender(
                 "/bind",
-                json!({"PodName": name, "PodNamespace": ns,
-                    "PodUID": pod["metadata"]["uid"], "Node": node}),
+                kube_scheduler::bind_args(ns, name, &pod["metadata"]["uid"], &node),
             )
             .await;
         assert_eq!(
-            b,
-            json!({}),
-            "step bind of {ns}/{name} to {node}: the extender failed"
+            kube_scheduler::field(&b, "Error").as_str().unwrap_or(""),
+            "",
+            "step bind of {ns}/{name} to {node}: the extender failed: {b}"
         );
         let pod = self.pod(ns, name);
         assert_eq!(
@@ -480,8 +496,11 @@ impl Cluster {
         .await
     }
 
-    /// The kubelet's part for the pod's one container: ListAndWatch, GetPreferredAllocation over
-    /// the ids it has not handed out, Allocate with the preferred ids.
+    /// The kubelet's part for the pod's one container, as kube-scheduler's partner the kubelet
+    /// v1.36 plays it (tests/fixtures/kubelet/): ListAndWatch, one GetPreferredAllocation over the
+    /// ids it has not handed out, then Allocate with the preferred ids it still has, topped up
+    /// from the rest (pkg/kubelet/cm/devicemanager/manager.go, devicesToAllocate). It asks once:
+    /// a hint computed before the plugin saw the binding is used as it is.
     async fn kubelet_allocate(
         &mut self,
         node: usize,
@@ -507,49 +526,34 @@ impl Cluster {
             .filter(|d| d.health == "Healthy" && !self.nodes[node].used_ids.contains(&d.id))
             .map(|d| d.id.clone())
             .collect();
-        // The watch delivers the bound pod to the plugin; its hint follows the assignment then.
-        let pod_gpus: Vec<String> = {
-            let (ns, name) = who.split_once('/').unwrap();
-            let a = PodAssignment::decode(
-                self.pod(ns, name)["metadata"]["annotations"][ASSIGNMENT]
-                    .as_str()
-                    .unwrap(),
-            )
-            .unwrap();
-            a.containers[0]
-                .devices
-                .iter()
-                .map(|d| d.uuid.clone())
-                .collect()
-        };
-        let preferred = vgpu_tests::wait_for_async(
-            WAIT,
-            "GetPreferredAllocation to follow the scheduler's assignment",
-            || {
-                let available = available.clone();
-                let pod_gpus = pod_gpus.clone();
-                let kubelet = &self.nodes[node].kubelet;
-                async move {
-                    let mut c = kubelet.dial(SOCKET).await.ok()?;
-                    let p = c.preferred(&available, &[], count as i32).await.ok()?;
-                    let mut on: Vec<String> = p
-                        .iter()
-                        .map(|id| id.split("::").next().unwrap_or("").to_string())
-                        .collect();
-                    on.sort();
-                    let mut want = pod_gpus.clone();
-                    want.sort();
-                    (p.len() == count && on == want).then_some(p)
-                }
-            },
-        )
-        .await;
-        let ids: Vec<&str> = preferred.iter().map(String::as_str).collect();
+        let preferred = c
+            .preferred(&available, &[], count as i32)
+            .await
+            .unwrap_or_else(|e| panic!("step GetPreferredAllocation on {nname} for {who}: {e}"));
+        let fixture = vgpu_tests::fixtures::load("kubelet/one-gpu-container.json");
+        assert_eq!(
+            fixture["allocateUsesThePreferredIds"], true,
+            "the kubelet fixture changed: make this double do what it says"
+        );
+        let mut ids: Vec<String> = preferred
+            .into_iter()
+            .filter(|id| available.contains(id))
+            .take(count)
+            .collect();
+        for id in &available {
+            if ids.len() == count {
+                break;
+            }
+            if !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         let alloc = c
-            .allocate(&ids)
+            .allocate(&refs)
             .await
             .unwrap_or_else(|e| panic!("step Allocate on {nname} for {who} with {ids:?}: {e}"));
-        self.nodes[node].used_ids.extend(preferred);
+        self.nodes[node].used_ids.extend(ids);
         alloc
     }
 
@@ -933,7 +937,7 @@ async fn one_pods_journey_through_all_four_parts() {
     .await;
     assert_eq!(
         (events[0].0.as_str(), events[0].1.as_str()),
-        ("ResourceQuota/gpu-quota", "VGPUQuotaExceeded"),
+        ("Pod/over", "VGPUQuotaExceeded"),
         "step validate of over: Event {events:?}"
     );
     assert!(

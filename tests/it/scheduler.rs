@@ -17,6 +17,7 @@ use vgpu_core::assignment::PodAssignment;
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
 use vgpu_core::time::format_rfc3339;
 use vgpu_fake_apiserver::FakeApiServer;
+use vgpu_tests::kube_scheduler;
 use vgpu_tests::net::{addr_after, http};
 use vgpu_tests::process::Running;
 
@@ -109,7 +110,7 @@ impl Scheduler {
 
     pub(crate) async fn filter(&self, api: &FakeApiServer, pod: &str, nodes: &[&str]) -> Value {
         let p = api.get("v1", "pods", "team-a", pod).unwrap();
-        self.call("/filter", json!({"Pod": p, "NodeNames": nodes}))
+        self.call("/filter", kube_scheduler::filter_args(&p, nodes))
             .await
     }
 
@@ -117,8 +118,7 @@ impl Scheduler {
         let p = api.get("v1", "pods", "team-a", pod).unwrap();
         self.call(
             "/bind",
-            json!({"PodName": pod, "PodNamespace": "team-a",
-                "PodUID": p["metadata"]["uid"], "Node": node}),
+            kube_scheduler::bind_args("team-a", pod, &p["metadata"]["uid"], node),
         )
         .await
     }
@@ -183,7 +183,10 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
 
     let p = api.get("v1", "pods", "team-a", "train").unwrap();
     let scores = s
-        .call("/prioritize", json!({"Pod": p, "NodeNames": ["gpu-1"]}))
+        .call(
+            "/prioritize",
+            kube_scheduler::prioritize_args(&p, &["gpu-1"]),
+        )
         .await;
     assert_eq!(scores, json!([{"Host": "gpu-1", "Score": 1}]));
 

@@ -97,9 +97,7 @@ pub(crate) fn gpu_pod(name: &str, gpus: u32, mib: u64) -> Value {
         "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
             "labels": {"vgpu.io/managed": "true"}},
         "spec": {"containers": [{"name": "train", "image": "i",
-            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string(), "nvidia.com/gpumem": mib.to_string()}},
-            "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{mib}m")},
-                    {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]}})
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string(), "nvidia.com/gpumem": mib.to_string()}}}]}})
 }
 
 pub(crate) fn review(pod: &Value, dry_run: bool) -> Vec<u8> {
@@ -230,15 +228,16 @@ async fn two_replicas_never_overshoot_the_quota() {
         );
     }
     assert_eq!(c.ledger().len(), 10);
-    // 40 rejections, aggregated: one Event on the quota whose series counts all of them.
+    // 40 rejections of pods without an owner: one Event about each refused pod, in its namespace.
     let events = c.wait_for_events(40).await;
-    assert_eq!(
-        events,
-        vec![(
-            "ResourceQuota/gpu-quota".to_string(),
-            "VGPUQuotaExceeded".to_string(),
-            40
-        )]
+    assert_eq!(events.len(), 40, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|(about, reason, n)| about.starts_with("Pod/p")
+                && reason == "VGPUQuotaExceeded"
+                && *n == 1),
+        "{events:?}"
     );
 }
 
@@ -456,7 +455,7 @@ async fn only_the_vgpu_service_accounts_may_change_the_assignment_or_the_label_a
     assert_eq!(
         c.wait_for_events(2).await,
         vec![(
-            format!("Namespace/{NS}"),
+            "Pod/train".to_string(),
             "VGPUPolicyViolation".to_string(),
             2
         )]

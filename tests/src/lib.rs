@@ -8,8 +8,10 @@
 
 pub mod admission;
 pub mod certs;
+pub mod fixtures;
 pub mod helm;
 pub mod https;
+pub mod kube_scheduler;
 pub mod net;
 pub mod process;
 pub mod recorder;

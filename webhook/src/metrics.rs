@@ -3,7 +3,8 @@
 //!
 //! Names follow the Prometheus conventions: a `vgpu_webhook_` prefix, base units (seconds),
 //! `_total` on counters. Label values come from small fixed sets (endpoint, decision, reason), never
-//! from request content, so a hostile client cannot blow up the series count.
+//! from request content, so a hostile client cannot blow up the series count; the quota gauges
+//! carry one series per ResourceQuota key vgpu enforces (objects an administrator wrote).
 
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -45,6 +46,17 @@ pub struct CacheLabels {
     pub cache: &'static str,
 }
 
+/// Labels of one enforced ResourceQuota key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// The quota's namespace.
+    pub namespace: String,
+    /// The ResourceQuota's name.
+    pub quota: String,
+    /// The `spec.hard` key as written (`requests.nvidia.com/gpumem`).
+    pub resource: String,
+}
+
 /// Every metric of the webhook, and the registry that exposes them.
 #[derive(Debug)]
 pub struct Metrics {
@@ -54,6 +66,8 @@ pub struct Metrics {
     quota_reservations: Family<ResultLabels, Counter>,
     event_writes: Family<ResultLabels, Counter>,
     cache_synced: Family<CacheLabels, Gauge>,
+    quota_used: Family<QuotaLabels, Gauge>,
+    quota_hard: Family<QuotaLabels, Gauge>,
 }
 
 /// Latency buckets: admissions take tens of microseconds; the API server gives up at the
@@ -105,6 +119,18 @@ impl Metrics {
             "Whether this cache of the validating webhook holds a complete LIST and its watch is healthy (1) or not (0); /readyz is 503 while any is 0",
             cache_synced.clone(),
         );
+        let quota_used = Family::<QuotaLabels, Gauge>::default();
+        registry.register(
+            "vgpu_webhook_quota_used",
+            "What vgpu counts against a ResourceQuota key, as it enforces it: GPUs, GPUs x MiB or GPUs x percent of the namespace's admitted vGPU pods (Kubernetes' own count of requests.<name> sums per-container values, without the GPU factor)",
+            quota_used.clone(),
+        );
+        let quota_hard = Family::<QuotaLabels, Gauge>::default();
+        registry.register(
+            "vgpu_webhook_quota_hard",
+            "The ResourceQuota key's hard limit as vgpu enforces it",
+            quota_hard.clone(),
+        );
         Metrics {
             registry,
             admissions,
@@ -112,6 +138,19 @@ impl Metrics {
             quota_reservations,
             event_writes,
             cache_synced,
+            quota_used,
+            quota_hard,
+        }
+    }
+
+    /// Replaces the quota gauges with `(labels, used, hard)` per enforced key.
+    pub fn quotas(&self, keys: impl IntoIterator<Item = (QuotaLabels, u64, u64)>) {
+        self.quota_used.clear();
+        self.quota_hard.clear();
+        for (labels, used, hard) in keys {
+            let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            self.quota_used.get_or_create(&labels).set(clamp(used));
+            self.quota_hard.get_or_create(&labels).set(clamp(hard));
         }
     }
 

@@ -26,6 +26,7 @@ pub mod selector;
 pub mod status;
 pub mod store;
 mod tls;
+pub mod validation;
 
 use base64::Engine;
 use faults::{Effect, Fault, Faults, RequestRecord};

@@ -356,6 +356,9 @@ impl Store {
                 }
             },
         };
+        if rt.kind == "Event" {
+            crate::validation::event(&obj, ns, &name)?;
+        }
         if self
             .objects
             .contains_key(&(rt.id(), ns.to_string(), name.clone()))

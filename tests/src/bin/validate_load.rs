@@ -83,8 +83,7 @@ pub(crate) fn pod(ns: &str, name: &str, vgpu: bool) -> Value {
         "metadata": {"name": name, "namespace": ns, "labels": labels,
             "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(400)}},
         "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "registry.invalid/app:1",
-            "resources": {"limits": limits, "requests": limits},
-            "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]},
+            "resources": {"limits": limits, "requests": limits}}]},
         "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 

@@ -168,6 +168,11 @@ impl ClusterCache {
             .unwrap_or_default()
     }
 
+    /// Every namespace's vGPU quotas.
+    pub fn all_quotas(&self) -> Vec<Quota> {
+        read(&self.quotas).values().flatten().cloned().collect()
+    }
+
     /// The non-terminal vGPU pods of a namespace.
     pub fn pods(&self, namespace: &str) -> Vec<CachedPod> {
         read(&self.pods).get(namespace).cloned().unwrap_or_default()

@@ -161,14 +161,37 @@ impl Validator {
         }
     }
 
-    /// Sets `vgpu_webhook_cache_synced` from the caches; without API access there are no caches
-    /// and no such series.
+    /// Sets `vgpu_webhook_cache_synced` and the quota gauges from the caches, at each scrape;
+    /// without API access there are no caches and no such series.
     pub fn report_cache_states(&self) {
-        if self.client.is_some() {
-            for (cache, synced) in self.cache.sync_states() {
-                self.metrics.cache_synced(cache, synced);
+        if self.client.is_none() {
+            return;
+        }
+        for (cache, synced) in self.cache.sync_states() {
+            self.metrics.cache_synced(cache, synced);
+        }
+        let mut keys = Vec::new();
+        for q in self.cache.all_quotas() {
+            if q.unsupported.is_some() {
+                continue;
+            }
+            let used = self.cache.with_pods(&q.namespace, |pods| {
+                let mut a = usage::Amounts::default();
+                for p in pods.iter().filter(|p| q.covers(&p.usage.facts)) {
+                    a += p.usage.amounts();
+                }
+                a
+            });
+            for l in &q.limits {
+                let labels = crate::metrics::QuotaLabels {
+                    namespace: q.namespace.clone(),
+                    quota: q.name.clone(),
+                    resource: l.key.clone(),
+                };
+                keys.push((labels, l.resource.of(&used), l.hard));
             }
         }
+        self.metrics.quotas(keys);
     }
 
     /// The cache (for readiness details and tests).

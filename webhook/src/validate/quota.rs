@@ -24,7 +24,8 @@ pub enum QuotaResource {
 }
 
 impl QuotaResource {
-    fn of(self, a: &Amounts) -> u64 {
+    /// This resource's share of `a`.
+    pub fn of(self, a: &Amounts) -> u64 {
         match self {
             QuotaResource::Gpu => a.gpus,
             QuotaResource::Gpumem => a.mib,
