@@ -130,18 +130,9 @@ pub fn check_against_the_real_components(c: &Cluster) {
     );
 
     // kube-scheduler with the chart's extender settings, pointed at the recorder.
-    let chart = chart();
-    let text = chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
-        .as_str()
-        .expect("scheduler config")
-        .to_string();
-    let mut config: Value =
-        serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).expect("YAML"))
-            .expect("JSON");
-    config["clientConnection"] = json!({"kubeconfig": c.kubeconfig()});
-    config["leaderElection"] = json!({"leaderElect": false});
+    let mut config =
+        crate::parts::scheduler_config(&chart(), &c.kubeconfig(), &format!("http://{}", ext.addr));
     config["profiles"] = json!([{"schedulerName": PROFILE}]);
-    config["extenders"][0]["urlPrefix"] = json!(format!("http://{}", ext.addr));
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = tmp.path().join("kube-scheduler.json");
     std::fs::write(&path, config.to_string()).expect("write config");

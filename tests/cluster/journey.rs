@@ -489,6 +489,17 @@ impl<'p, 'c> Journey<'p, 'c> {
             plain["metadata"]["labels"][MANAGED_LABEL].is_null(),
             "{step}: {plain}"
         );
+        // A user's 2000 MiB reaches the webhook as "2k" (canonical form): no warning for it.
+        let mut round = slice_pod("round", 2000, 0);
+        round["metadata"]["namespace"] = json!(NS_FREE);
+        let warnings = c
+            .create_warnings(&round)
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        assert!(
+            !warnings.contains("Warning"),
+            "{step}: kubectl create of gpumem 2000 warned: {warnings}"
+        );
+        c.delete(&["pod", "round", "-n", NS_FREE]);
         let gpu = slice_pod("elsewhere", 1024, 0);
         self.create(NS_PLAIN, gpu)
             .unwrap_or_else(|e| panic!("{step}: {e}"));

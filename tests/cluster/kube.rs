@@ -97,6 +97,27 @@ impl Cluster {
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<String, String> {
+        self.kubectl_full(kubeconfig, args, stdin)
+            .map(|(out, _)| out)
+    }
+
+    /// `kubectl create -f -` of `doc`: what it printed on stderr (admission warnings) when created.
+    pub fn create_warnings(&self, doc: &Value) -> Result<String, String> {
+        self.kubectl_full(
+            &self.kubeconfig(),
+            &["create", "-f", "-"],
+            Some(&doc.to_string()),
+        )
+        .map(|(_, err)| err)
+    }
+
+    /// `kubectl ARGS`: (stdout, stderr) on success, the error output naming the command otherwise.
+    fn kubectl_full(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<(String, String), String> {
         let mut cmd = Command::new(self.bin("kubectl"));
         cmd.arg("--kubeconfig")
             .arg(kubeconfig)
@@ -120,7 +141,10 @@ impl Cluster {
             .wait_with_output()
             .map_err(|e| format!("kubectl {args:?}: {e}"))?;
         if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            Ok((
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ))
         } else {
             Err(format!(
                 "kubectl {}: {}",

@@ -268,19 +268,7 @@ impl<'c> Parts<'c> {
         ]);
         let (extender, extender_addr, metrics) = launch_extender(&args);
 
-        let text = self.chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
-            .as_str()
-            .expect("scheduler config")
-            .to_string();
-        let mut config: Value =
-            serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).expect("YAML"))
-                .expect("JSON");
-        // Host process: the token's kubeconfig instead of in-cluster config, no leader election
-        // (a lease left by an earlier run would hold the new one back for its duration), and the
-        // extender where it listens here.
-        config["clientConnection"] = json!({"kubeconfig": kubeconfig});
-        config["leaderElection"] = json!({"leaderElect": false});
-        config["extenders"][0]["urlPrefix"] = json!(format!("http://{extender_addr}"));
+        let config = scheduler_config(&self.chart, &kubeconfig, &format!("http://{extender_addr}"));
         let path = self.tmp.path().join("kube-scheduler.json");
         std::fs::write(&path, config.to_string()).expect("write scheduler config");
         let kube_scheduler = self.launch_kube_scheduler(&path, &kubeconfig, "kube-scheduler");
@@ -455,6 +443,23 @@ fn launch_plugin(args: &[String], envs: &[(String, PathBuf)]) -> Running {
         cmd.env(k, v);
     }
     Running::spawn("vgpu-device-plugin", cmd)
+}
+
+/// The chart's KubeSchedulerConfiguration for a host process: the kubeconfig instead of in-cluster
+/// config, no leader election (a lease left by an earlier run would hold a new scheduler back for
+/// its duration), and the extender at `url_prefix`.
+pub fn scheduler_config(chart: &Chart, kubeconfig: &Path, url_prefix: &str) -> Value {
+    let text = chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
+        .as_str()
+        .expect("the chart's scheduler config")
+        .to_string();
+    let mut config: Value =
+        serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).expect("YAML"))
+            .expect("JSON");
+    config["clientConnection"] = json!({"kubeconfig": kubeconfig});
+    config["leaderElection"] = json!({"leaderElect": false});
+    config["extenders"][0]["urlPrefix"] = json!(url_prefix);
+    config
 }
 
 /// A kube-scheduler from `cluster`'s binaries with `config`, once it serves.
