@@ -9,6 +9,12 @@
 #       copy into ROOTFS, at their host paths, the shared libraries each FILE needs (ldd) and the loader
 #   docker/local-images.sh import OUT.tar...
 #       import into containerd (socket: $CONTAINERD_ADDRESS, default /run/containerd/containerd.sock)
+#   docker/local-images.sh images BIN_DIR OUT_DIR [REGISTRY]
+#       the four images of docker/Dockerfile from built binaries (BIN_DIR: target/release, or
+#       target/debug), same paths, users and entrypoints, as OUT_DIR/<component>.tar named
+#       REGISTRY/vgpu/vgpu-<component>:<appVersion> (REGISTRY default: local)
+#   docker/local-images.sh kube-scheduler BINARY OUT.tar NAME:TAG
+#       the official kube-scheduler binary as the image the chart runs (`kube-scheduler` on PATH)
 #
 # Needs: tar, sha256sum, ldd, ctr (import only).
 set -euo pipefail
@@ -24,7 +30,6 @@ rootfs() {
   [ -d "$dir" ] || die "no directory $dir"
   arch="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
   work="$(mktemp -d)"
-  trap 'rm -rf "$work"' RETURN
   tar --numeric-owner --owner=0 --group=0 --sort=name --mtime='2020-01-01 00:00Z' \
     -C "$dir" -cf "$work/layer.tar" .
   diff="$(sha256sum "$work/layer.tar" | cut -d' ' -f1)"
@@ -41,6 +46,7 @@ EOF
     > "$work/manifest.json"
   tar --numeric-owner --owner=0 --group=0 -C "$work" -cf "$out.tmp" manifest.json "$cid.json" "$diff"
   mv -f "$out.tmp" "$out"
+  rm -rf "$work"
 }
 
 libs() {
@@ -64,11 +70,57 @@ import() {
   done
 }
 
+# One image of docker/Dockerfile: component, binary, user ("" = root, as the Dockerfile's
+# device-plugin stage), and for the device plugin libvgpu.so, which its init container installs.
+component() {
+  local bin_dir="$1" out_dir="$2" registry="$3" version="$4" name="$5" user="$6" root cfg
+  root="$(mktemp -d)"
+  mkdir -p "$root/usr/bin" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  cp "$bin_dir/vgpu-$name" "$root/usr/bin/vgpu-$name"
+  libs "$root" "$root/usr/bin/vgpu-$name"
+  if [ "$name" = device-plugin ]; then
+    mkdir -p "$root/usr/lib/vgpu"
+    cp "$bin_dir/libvgpu.so" "$root/usr/lib/vgpu/libvgpu.so"
+    libs "$root" "$root/usr/lib/vgpu/libvgpu.so"
+  fi
+  cfg="{\"Entrypoint\":[\"/usr/bin/vgpu-$name\"],\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"]"
+  [ -n "$user" ] && cfg="$cfg,\"User\":\"$user\""
+  rootfs "$root" "$registry/vgpu/vgpu-$name:$version" "$cfg}" "$out_dir/$name.tar"
+  rm -rf "$root"
+}
+
+images() {
+  [ $# -ge 2 ] || die "usage: images BIN_DIR OUT_DIR [REGISTRY]"
+  local bin_dir="$1" out_dir="$2" registry="${3:-local}" version
+  version="$(awk '/^appVersion:/ {gsub(/"/, "", $2); print $2}' "$(dirname "$0")/../helm/vgpu/Chart.yaml")"
+  [ -n "$version" ] || die "no appVersion in helm/vgpu/Chart.yaml"
+  mkdir -p "$out_dir"
+  component "$bin_dir" "$out_dir" "$registry" "$version" webhook 65532:65532
+  component "$bin_dir" "$out_dir" "$registry" "$version" scheduler 65532:65532
+  component "$bin_dir" "$out_dir" "$registry" "$version" certs 65532:65532
+  component "$bin_dir" "$out_dir" "$registry" "$version" device-plugin ""
+}
+
+kube_scheduler() {
+  [ $# -eq 3 ] || die "usage: kube-scheduler BINARY OUT.tar NAME:TAG"
+  local root
+  root="$(mktemp -d)"
+  mkdir -p "$root/usr/local/bin" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  cp "$1" "$root/usr/local/bin/kube-scheduler"
+  libs "$root" "$root/usr/local/bin/kube-scheduler"
+  rootfs "$root" "$3" '{"Entrypoint":["/usr/local/bin/kube-scheduler"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"User":"65532:65532"}' "$2"
+  rm -rf "$root"
+}
+
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
   rootfs) rootfs "$@" ;;
   libs) libs "$@" ;;
   import) import "$@" ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  images) images "$@" ;;
+  kube-scheduler) kube_scheduler "$@" ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

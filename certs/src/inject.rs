@@ -28,12 +28,36 @@ pub enum Outcome {
     },
 }
 
+/// Which kind of webhook configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A MutatingWebhookConfiguration.
+    Mutating,
+    /// A ValidatingWebhookConfiguration.
+    Validating,
+}
+
+impl Kind {
+    /// The Kubernetes kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Mutating => "MutatingWebhookConfiguration",
+            Kind::Validating => "ValidatingWebhookConfiguration",
+        }
+    }
+}
+
 /// The injection failed.
 #[derive(Debug, Error)]
 pub enum InjectError {
-    /// Neither a mutating nor a validating configuration has this name.
-    #[error("no MutatingWebhookConfiguration or ValidatingWebhookConfiguration named {0}")]
-    NotFound(String),
+    /// No configuration of this kind has this name.
+    #[error("no {kind} named {name}")]
+    NotFound {
+        /// Configuration kind.
+        kind: &'static str,
+        /// Configuration name.
+        name: String,
+    },
     /// An API call failed.
     #[error("{kind} {name}: {source}")]
     Api {
@@ -103,22 +127,30 @@ where
     }))
 }
 
-/// Injects `ca_pem` into the configuration `name`, whichever kind it is (both, if both exist).
+/// Injects `ca_pem` into the configuration of `kind` named `name`. The kind is the caller's to say:
+/// looking a name up as both kinds needs `get` on both, and a least-privilege role grants each
+/// configuration's own kind only, so the other lookup is a 403, not a 404.
 pub async fn inject(
     client: kube::Client,
+    kind: Kind,
     name: &str,
     ca_pem: &str,
-) -> Result<Vec<Outcome>, InjectError> {
+) -> Result<Outcome, InjectError> {
     let bundle = crate::store::ca_bundle(ca_pem);
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client);
-    let mut out = Vec::new();
-    out.extend(inject_one(&mutating, "MutatingWebhookConfiguration", name, &bundle).await?);
-    out.extend(inject_one(&validating, "ValidatingWebhookConfiguration", name, &bundle).await?);
-    if out.is_empty() {
-        return Err(InjectError::NotFound(name.into()));
-    }
-    Ok(out)
+    let outcome = match kind {
+        Kind::Mutating => {
+            let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+            inject_one(&api, kind.name(), name, &bundle).await?
+        }
+        Kind::Validating => {
+            let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
+            inject_one(&api, kind.name(), name, &bundle).await?
+        }
+    };
+    outcome.ok_or_else(|| InjectError::NotFound {
+        kind: kind.name(),
+        name: name.into(),
+    })
 }
 
 #[cfg(test)]

@@ -68,9 +68,12 @@ struct Inject {
     /// PEM file of the CA.
     #[arg(long)]
     ca: PathBuf,
-    /// Name of a Mutating/ValidatingWebhookConfiguration (repeatable).
-    #[arg(long = "webhook", required = true)]
-    webhooks: Vec<String>,
+    /// Name of a MutatingWebhookConfiguration to give the CA (repeatable).
+    #[arg(long = "mutating", required_unless_present = "validating")]
+    mutating: Vec<String>,
+    /// Name of a ValidatingWebhookConfiguration to give the CA (repeatable).
+    #[arg(long = "validating")]
+    validating: Vec<String>,
 }
 
 /// `30d`, `12h`, `90m`, `45s`.
@@ -159,13 +162,18 @@ async fn run_inject(i: Inject) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server")?;
-    for name in &i.webhooks {
+    let named = i
+        .mutating
+        .iter()
+        .map(|n| (inject::Kind::Mutating, n))
+        .chain(i.validating.iter().map(|n| (inject::Kind::Validating, n)));
+    for (kind, name) in named {
         // Someone changed the object between our read and our patch: the resourceVersion test fails
         // (409 Conflict, or 422 for a failed JSON-patch test). Re-read and try again.
         let mut attempt = 0;
-        let outcomes = loop {
+        let outcome = loop {
             attempt += 1;
-            match inject::inject(client.clone(), name, &ca).await {
+            match inject::inject(client.clone(), kind, name, &ca).await {
                 Err(inject::InjectError::Api {
                     source: kube::Error::Api(s),
                     ..
@@ -173,14 +181,12 @@ async fn run_inject(i: Inject) -> anyhow::Result<()> {
                 other => break other?,
             }
         };
-        for o in outcomes {
-            match o {
-                inject::Outcome::Patched { kind, webhooks } => {
-                    eprintln!("vgpu-certs: {kind} {name}: caBundle set on {webhooks} webhook(s)")
-                }
-                inject::Outcome::Unchanged { kind } => {
-                    eprintln!("vgpu-certs: {kind} {name}: already carries the CA")
-                }
+        match outcome {
+            inject::Outcome::Patched { kind, webhooks } => {
+                eprintln!("vgpu-certs: {kind} {name}: caBundle set on {webhooks} webhook(s)")
+            }
+            inject::Outcome::Unchanged { kind } => {
+                eprintln!("vgpu-certs: {kind} {name}: already carries the CA")
             }
         }
     }

@@ -98,14 +98,29 @@ fn generate_applies_the_secret_once_and_inject_sets_both_ca_bundles() {
 
     // inject: the first PATCH meets a conflict (someone else wrote in between) and is retried.
     api.fail_matching(Some("PATCH"), Some("mutatingwebhookconfigurations"), 1, 409);
+    // The chart's RBAC grants get/patch on each configuration for its own kind only: the real API
+    // server answers a lookup of the other kind with 403 (this double has no RBAC; it answers so
+    // here), which once stopped inject after the mutating configuration.
+    api.fail_matching(
+        Some("GET"),
+        Some("validatingwebhookconfigurations/vgpu-mutate"),
+        10,
+        403,
+    );
+    api.fail_matching(
+        Some("GET"),
+        Some("mutatingwebhookconfigurations/vgpu-validate"),
+        10,
+        403,
+    );
     let ca_path = out_dir.join("ca.crt");
     let inject = [
         "inject",
         "--ca",
         ca_path.to_str().unwrap(),
-        "--webhook",
+        "--mutating",
         "vgpu-mutate",
-        "--webhook",
+        "--validating",
         "vgpu-validate",
     ];
     certs(&kubeconfig, &inject);

@@ -540,8 +540,8 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     check_webhooks(&chart, "nvidia.com/gpu", "nvidia.com/gpumem");
     let inject = args(chart.container("Job", "vgpu-certs-inject", "inject"));
     assert!(
-        inject.contains(&format!("--webhook={mutate}"))
-            && inject.contains(&format!("--webhook={validate}"))
+        inject.contains(&format!("--mutating={mutate}"))
+            && inject.contains(&format!("--validating={validate}"))
     );
     let generate =
         args(&chart.get("Job", "vgpu-certs-generate")["spec"]["template"]["spec"]["containers"][0]);

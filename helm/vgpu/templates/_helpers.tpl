@@ -120,7 +120,8 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- $outer := . -}}
 spec:
   serviceAccountName: {{ index . 1 }}
-  restartPolicy: OnFailure
+  # Never: failed attempts stay as pods whose logs say why (see the generate Job).
+  restartPolicy: Never
   {{- with $root.Values.global.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
