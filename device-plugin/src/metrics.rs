@@ -148,9 +148,7 @@ pub fn render(shared: &Shared, backend: Option<&dyn DeviceBackend>) -> String {
             .join(crate::allocate::CONTAINERS_DIR)
             .join(format!("{}_{}", r.uid, r.container))
             .join(CACHE_FILE);
-        let snap = std::fs::read(&file)
-            .ok()
-            .and_then(|b| Snapshot::parse(&b).ok());
+        let snap = read_accounting(&file).and_then(|b| Snapshot::parse(&b).ok());
         for (i, d) in r.devices.iter().enumerate() {
             let l = ContainerLabels {
                 namespace: r.namespace.clone(),
@@ -270,6 +268,27 @@ pub fn render(shared: &Shared, backend: Option<&dyn DeviceBackend>) -> String {
     out
 }
 
+/// A container's accounting file, read as a tenant-controlled file: the directory is the container's
+/// to write (mode 1777), so the path may be a symlink, a FIFO or a huge sparse file. Not followed,
+/// opened without blocking, a regular file only, and never more than the layout's size.
+fn read_accounting(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(vgpu_core::accounting::FILE_BYTES);
+    file.take(vgpu_core::accounting::FILE_BYTES as u64)
+        .read_to_end(&mut buf)
+        .ok()?;
+    Some(buf)
+}
+
 /// The `/metrics` router.
 pub fn router(
     shared: std::sync::Arc<Shared>,
@@ -296,6 +315,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::time::{Duration, SystemTime};
+
+    /// What a container can put at its accounting path: read without following, blocking or
+    /// reading past the layout's size.
+    #[test]
+    fn the_accounting_file_is_read_as_a_tenants_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"host data").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        assert_eq!(read_accounting(&link), None);
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        // A FIFO nobody writes: returns at once (a blocking read would hang this test).
+        assert_eq!(read_accounting(&fifo), None);
+        let big = dir.path().join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        assert_eq!(
+            read_accounting(&big).map(|b| b.len()),
+            Some(vgpu_core::accounting::FILE_BYTES)
+        );
+    }
 
     fn write(host: &Path, uid: &str) {
         let rec = AllocationRecord {

@@ -784,31 +784,40 @@ fn map_file(path: &std::path::Path) -> Result<&'static [AtomicU64], MapError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         step("cannot create its directory", std::fs::create_dir_all(dir))?;
     }
-    let file = step(
-        "cannot open it for writing",
+    // The directory is writable by every user of the container: the path is not followed if it is
+    // a symlink (another user could point it at a file of ours), and only the process that creates
+    // the file opens it to all (0666 whatever its umask), so processes of every uid share it.
+    let open = |create_new: bool| {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
+            .create_new(create_new)
             .mode(0o666)
-            .open(path),
-    )?;
-    let meta = step("cannot stat it", file.metadata())?;
-    // Created 0666 less the process's umask: every process of the container shares the file,
-    // whatever its uid, so its creator opens it to all (the directory is the container's alone).
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        // SAFETY: geteuid has no preconditions.
-        if meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o666 != 0o666 {
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+    };
+    let (file, created) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            (step("cannot open it for writing", open(false))?, false)
         }
-    }
+        Err(source) => {
+            return Err(MapError {
+                step: "cannot open it for writing",
+                source,
+            })
+        }
+    };
+    let meta = step("cannot stat it", file.metadata())?;
     if !meta.is_file() {
         return Err(MapError {
             step: "not a regular file",
             source: Error::from_raw_os_error(libc::EINVAL),
         });
+    }
+    if created {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
     }
     let len = (FILE_WORDS * 8) as u64;
     if meta.len() < len {

@@ -1,8 +1,8 @@
 //! Step 6: faults an operator will meet, each with what vgpu promises through it.
 
-use crate::journey::{plain_pod, slice_pod, Journey, NS, NS_FREE, NS_PLAIN, QUOTA_MIB, WAIT};
+use crate::journey::{plain_pod, slice_pod, Journey, NS, NS_FREE, NS_PLAIN, QUOTA_MIB};
+use crate::kube::WAIT;
 use crate::report;
-use serde_json::Value;
 use std::time::Duration;
 
 /// Every fault step in order.
@@ -25,16 +25,17 @@ fn exec_probe(j: &Journey<'_, '_>, ns: &str, pod: &str, args: &[&str]) -> String
 /// that was running keeps running under the same limits.
 fn device_plugin_restart_keeps_running_pods_capped(j: &mut Journey<'_, '_>) {
     let step = "step 6a (device plugin restart)";
-    j.create(NS, slice_pod("keeper", 2048, 0))
+    j.cluster()
+        .create_in(NS, slice_pod("keeper", 2048, 0))
         .unwrap_or_else(|e| panic!("{step}: {e}"));
-    j.wait_running(NS, "keeper", step);
+    j.cluster().wait_running(NS, "keeper", step);
     let back = j.parts.restart_device_plugin();
     report(&format!(
         "device plugin killed and restarted: registered with the kubelet {:.2} s after its start",
         back.as_secs_f64()
     ));
     j.parts.wait_for_capacity(step);
-    let pod = j.wait_running(NS, "keeper", step);
+    let pod = j.cluster().wait_running(NS, "keeper", step);
     assert_eq!(
         pod["status"]["containerStatuses"][0]["restartCount"], 0,
         "{step}: {pod}"
@@ -110,7 +111,7 @@ fn kubelet_restart_brings_the_plugin_back(j: &mut Journey<'_, '_>) {
         "{step}: the plugin took {took:?} to come back"
     );
     j.parts.wait_for_capacity(step);
-    j.wait_running(NS, "keeper", step);
+    j.cluster().wait_running(NS, "keeper", step);
 }
 
 /// The time of day of a klog line (`I1206 07:31:18.722415 ...`), as a duration since midnight.
@@ -129,10 +130,11 @@ fn extender_outage_leaves_pods_pending(j: &mut Journey<'_, '_>) {
     let step = "step 6c (extender outage)";
     let c = j.cluster();
     j.parts.stop_extender();
-    j.create(NS_FREE, slice_pod("waits", 1024, 0))
+    j.cluster()
+        .create_in(NS_FREE, slice_pod("waits", 1024, 0))
         .unwrap_or_else(|e| panic!("{step}: {e}"));
     // kube-scheduler's own words: `Post "http://127.0.0.1:PORT/filter": ... connection refused`.
-    let describe = c.wait(
+    let describe = vgpu_tests::wait_for(
         WAIT,
         &format!("{step}: FailedScheduling naming the extender's URL"),
         || {
@@ -148,7 +150,7 @@ fn extender_outage_leaves_pods_pending(j: &mut Journey<'_, '_>) {
         "{step}: placed without the extender:\n{describe}"
     );
     j.parts.restart_extender();
-    j.wait_running(NS_FREE, "waits", step);
+    j.cluster().wait_running(NS_FREE, "waits", step);
     c.delete(&["pod", "waits", "-n", NS_FREE]);
 }
 
@@ -159,15 +161,18 @@ fn webhook_outage_fails_closed_for_vgpu_pods_only(j: &mut Journey<'_, '_>) {
     let c = j.cluster();
     j.parts.stop_webhook();
     let err = j
-        .create(NS_FREE, slice_pod("refused", 1024, 0))
+        .cluster()
+        .create_in(NS_FREE, slice_pod("refused", 1024, 0))
         .expect_err("step 6d: a vGPU pod was admitted without the webhook");
     assert!(
         err.contains("vgpu.io"),
         "{step}: the refusal does not name the webhook: {err}"
     );
-    j.create(NS_FREE, plain_pod("plain-admitted"))
+    j.cluster()
+        .create_in(NS_FREE, plain_pod("plain-admitted"))
         .unwrap_or_else(|e| panic!("{step}: a plain pod was refused: {e}"));
-    j.create(NS_PLAIN, slice_pod("unlabelled-admitted", 1024, 0))
+    j.cluster()
+        .create_in(NS_PLAIN, slice_pod("unlabelled-admitted", 1024, 0))
         .unwrap_or_else(|e| panic!("{step}: a pod in an unlabelled namespace was refused: {e}"));
     j.parts.restart_webhook();
     c.delete(&["pod", "plain-admitted", "-n", NS_FREE]);
@@ -182,37 +187,27 @@ fn webhook_restart_mid_stream_never_overspends_the_quota(j: &mut Journey<'_, '_>
     c.delete(&["pod", "keeper", "-n", NS]);
     let mib = 2048;
     let tries = 12;
-    let creator = {
-        let kubeconfig = c.kubeconfig();
-        let kubectl = c.bin("kubectl");
-        std::thread::spawn(move || {
+    // Creations one after another, the webhook restarted once two have been answered.
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let admitted = std::thread::scope(|scope| {
+        let creator = scope.spawn(|| {
             let mut admitted = 0;
             for i in 0..tries {
-                let mut pod = slice_pod(&format!("burst-{i}"), mib, 0);
-                pod["metadata"]["namespace"] = Value::from(NS);
-                let mut child = std::process::Command::new(&kubectl)
-                    .arg("--kubeconfig")
-                    .arg(&kubeconfig)
-                    .args(["create", "-f", "-"])
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .expect("kubectl");
-                use std::io::Write;
-                if let Some(mut w) = child.stdin.take() {
-                    let _ = w.write_all(pod.to_string().as_bytes());
-                }
-                if child.wait().is_ok_and(|s| s.success()) {
+                if c.create_in(NS, slice_pod(&format!("burst-{i}"), mib, 0))
+                    .is_ok()
+                {
                     admitted += 1;
                 }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             admitted
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300));
-    j.parts.restart_webhook();
-    let admitted = creator.join().expect("creator thread");
+        });
+        vgpu_tests::wait_for(WAIT, &format!("{step}: creations under way"), || {
+            (answered.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+        });
+        j.parts.restart_webhook();
+        creator.join().expect("creator thread")
+    });
     let pods = c.json(&["get", "pods", "-n", NS, "-l", "vgpu.io/managed=true"]);
     let held: u64 = pods["items"]
         .as_array()

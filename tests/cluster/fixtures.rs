@@ -123,7 +123,7 @@ pub fn check_against_the_real_components(c: &Cluster) {
         .to_string(),
     ])
     .unwrap_or_else(|e| panic!("{e}"));
-    c.wait(
+    vgpu_tests::wait_for(
         Duration::from_secs(60),
         "fixtures: ServiceAccount default",
         || c.get(&["serviceaccount", "default", "-n", NS]),
@@ -153,7 +153,7 @@ pub fn check_against_the_real_components(c: &Cluster) {
         (&adm, "/mutate"),
         (&adm, "/validate"),
     ] {
-        let body = c.wait(
+        let body = vgpu_tests::wait_for(
             Duration::from_secs(60),
             &format!("fixtures: a {path} call"),
             || recorder.first(path),
@@ -258,24 +258,29 @@ pub fn check_kubelet_calls(plugin_output: &[String], pod: &str) {
         };
         Some(rest[..end].to_string())
     };
-    let preferred = plugin_output
+    let shown = || plugin_output.join("\n");
+    let at = plugin_output
+        .iter()
+        .position(|l| l.contains(" allocated") && l.contains(pod))
+        .unwrap_or_else(|| panic!("fixtures: no Allocate for {pod}:\n{}", shown()));
+    let allocated = &plugin_output[at];
+    // The kubelet's GetPreferredAllocation for that container: the last one before its Allocate.
+    let preferred = plugin_output[..at]
         .iter()
         .rfind(|l| l.contains("preferred allocation"))
         .unwrap_or_else(|| {
             panic!(
                 "fixtures: the kubelet never called GetPreferredAllocation:\n{}",
-                plugin_output.join("\n")
+                shown()
             )
         });
-    let allocated = plugin_output
-        .iter()
-        .find(|l| l.contains(" allocated") && l.contains(pod))
-        .unwrap_or_else(|| {
-            panic!(
-                "fixtures: no Allocate for {pod}:\n{}",
-                plugin_output.join("\n")
-            )
-        });
+    let calls = |what: &str| plugin_output.iter().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        (calls("preferred allocation"), calls(" allocated")),
+        (1, 1),
+        "fixtures: one GetPreferredAllocation and one Allocate for the first pod:\n{}",
+        shown()
+    );
     let ids = |s: Option<String>| -> Vec<String> {
         s.unwrap_or_default()
             .trim_matches(|c| c == '[' || c == ']')
@@ -288,7 +293,6 @@ pub fn check_kubelet_calls(plugin_output: &[String], pod: &str) {
     let got = ids(field(allocated, "ids"));
     let captured = json!({
         "getPreferredAllocation": {
-            "available": field(preferred, "available").and_then(|s| s.parse::<u64>().ok()),
             "mustInclude": ids(field(preferred, "must_include")),
             "size": field(preferred, "size").and_then(|s| s.parse::<u64>().ok()),
         },

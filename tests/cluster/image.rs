@@ -5,6 +5,7 @@
 //! plugin's Allocate.
 
 use crate::kube::CONTAINERD_SOCKET;
+use crate::sh;
 use std::path::Path;
 use std::process::Command;
 
@@ -12,16 +13,6 @@ use std::process::Command;
 pub const PROBE_IMAGE: &str = "local/vgpu-probe:cluster-tier";
 /// Where the driver's libraries live in the image (the loader's default multiarch directory).
 const DRIVER_DIR: &str = "usr/lib/x86_64-linux-gnu";
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Builds the probe image in `work` and imports it into the node's containerd.
 pub fn build_and_import(work: &Path) {
@@ -44,7 +35,7 @@ pub fn build_and_import(work: &Path) {
         std::os::unix::fs::symlink(target, link.join(name)).expect("symlink");
     }
     let probe = root.join("bin/probe");
-    run(Command::new("cc")
+    sh(Command::new("cc")
         .arg("-o")
         .arg(&probe)
         .arg(vgpu_tests::repo_root().join("tests/hook/probe.c"))
@@ -57,7 +48,7 @@ pub fn build_and_import(work: &Path) {
             "-lpthread",
         ]));
     // The C libraries of the probe, the fakes and the hook the device plugin will mount.
-    run(Command::new(&script)
+    sh(Command::new(&script)
         .arg("libs")
         .arg(&root)
         .arg(&probe)
@@ -65,13 +56,13 @@ pub fn build_and_import(work: &Path) {
         .arg(&nvml)
         .arg(vgpu_tests::cdylib("vgpu")));
     let archive = work.join("probe.tar");
-    run(Command::new(&script)
+    sh(Command::new(&script)
         .arg("rootfs")
         .arg(&root)
         .arg(PROBE_IMAGE)
         .arg(r#"{"Entrypoint":["/bin/probe"],"Env":["PATH=/bin"]}"#)
         .arg(&archive));
-    run(Command::new(&script)
+    sh(Command::new(&script)
         .arg("import")
         .arg(&archive)
         .env("CONTAINERD_ADDRESS", CONTAINERD_SOCKET));

@@ -9,7 +9,10 @@ use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a pod may take to start, be scheduled or be admitted.
+pub const WAIT: Duration = Duration::from_secs(90);
 
 /// The kubelet's device-plugin directory on the node (`--root-dir` default of the kubelet).
 pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -210,11 +213,6 @@ impl Cluster {
         std::fs::write(path, text).expect("write kubeconfig");
     }
 
-    /// Polls `f` until it returns `Some`, or panics naming `what` after `timeout`.
-    pub fn wait<T>(&self, timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
-        vgpu_tests::wait_for(timeout, what, f)
-    }
-
     /// The pod `ns/name`, or `None`.
     pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
         self.get(&["pod", name, "-n", ns])
@@ -237,5 +235,49 @@ impl Cluster {
                 )
             })
             .collect()
+    }
+
+    /// Creates `pod` in namespace `ns`; the API server's refusal as `Err`.
+    pub fn create_in(&self, ns: &str, mut pod: Value) -> Result<String, String> {
+        pod["metadata"]["namespace"] = Value::from(ns);
+        self.create(&pod)
+    }
+
+    /// Waits until pod `ns/name` is Running and returns it.
+    pub fn wait_running(&self, ns: &str, name: &str, step: &str) -> Value {
+        let c = self;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let pod = c.pod(ns, name);
+            let phase = pod
+                .as_ref()
+                .and_then(|p| p["status"]["phase"].as_str().map(str::to_string));
+            if phase.as_deref() == Some("Running") {
+                return pod.unwrap_or_default();
+            }
+            if Instant::now() > deadline || matches!(phase.as_deref(), Some("Failed" | "Succeeded"))
+            {
+                let describe = c
+                    .kubectl(&["describe", "pod", name, "-n", ns])
+                    .unwrap_or_else(|e| e);
+                panic!("{step}: pod {ns}/{name} is not Running (phase {phase:?}):\n{describe}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The logs of pod `ns/name`, once a line passes `done`.
+    pub fn logs_until(
+        &self,
+        ns: &str,
+        name: &str,
+        step: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
+        let c = self;
+        vgpu_tests::wait_for(WAIT, &format!("{step}: the logs of {ns}/{name}"), || {
+            let logs = c.kubectl(&["logs", name, "-n", ns]).ok()?;
+            logs.lines().any(&done).then_some(logs)
+        })
     }
 }

@@ -12,11 +12,24 @@
 mod faults;
 mod fixtures;
 mod image;
+mod install;
 mod journey;
 mod kube;
 mod parts;
 
 use kube::Cluster;
+
+/// Runs `cmd`, panicking with its output when it fails; its stdout.
+pub fn sh(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 /// Prints a line of the tier's report even when the test passes (libtest captures `eprintln!`,
 /// not writes to the stderr handle itself).
@@ -31,15 +44,24 @@ fn real_cluster() {
         return;
     };
     let started = std::time::Instant::now();
+    install::clean_slate(&cluster);
     fixtures::check_against_the_real_components(&cluster);
-    let mut parts = parts::Parts::prepare(&cluster);
-    image::build_and_import(parts.tmp.path());
-    parts.start_device_plugin();
-    parts.start_scheduler();
-    parts.start_webhook();
-    let mut j = journey::Journey::new(&mut parts);
-    j.run();
-    faults::run(&mut j);
-    j.cleanup();
+    let work = tempfile::Builder::new()
+        .prefix("vgpu-cluster-")
+        .tempdir()
+        .expect("tempdir");
+    image::build_and_import(work.path());
+    {
+        // The parts as host processes, then (dropped) gone before the Helm install.
+        let mut parts = parts::Parts::prepare(&cluster);
+        parts.start_device_plugin();
+        parts.start_scheduler();
+        parts.start_webhook();
+        let mut j = journey::Journey::new(&mut parts);
+        j.run();
+        faults::run(&mut j);
+        j.cleanup();
+    }
+    install::run(&cluster, work.path());
     report(&format!("passed in {:.0?}", started.elapsed()));
 }

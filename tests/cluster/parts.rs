@@ -112,7 +112,33 @@ impl Drop for Parts<'_> {
         ] {
             let _ = self.cluster.kubectl(&["delete", "--ignore-not-found", c]);
         }
+        // The chart's objects applied by hand: a Helm install would refuse to adopt them.
+        let _ = self.cluster.kubectl_stdin(
+            &rbac_list(&self.chart).to_string(),
+            &["delete", "--ignore-not-found", "--wait=false", "-f", "-"],
+        );
     }
+}
+
+/// The chart's RBAC and ServiceAccounts as one List.
+fn rbac_list(chart: &Chart) -> Value {
+    let items: Vec<&Value> = chart
+        .docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some(
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
+            )
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
 }
 
 impl<'c> Parts<'c> {
@@ -127,23 +153,7 @@ impl<'c> Parts<'c> {
             &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
                 .to_string(),
         );
-        let rbac: Vec<&Value> = chart
-            .docs
-            .iter()
-            .filter(|d| {
-                matches!(
-                    d["kind"].as_str(),
-                    Some(
-                        "ServiceAccount"
-                            | "ClusterRole"
-                            | "ClusterRoleBinding"
-                            | "Role"
-                            | "RoleBinding"
-                    )
-                )
-            })
-            .collect();
-        cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string());
+        cluster.apply(&rbac_list(&chart).to_string());
         let pki = vgpu_tests::certs::TestPki::new(&[]);
         pki.write(tmp.path());
         Parts {
@@ -373,7 +383,7 @@ impl<'c> Parts<'c> {
         .iter()
         .find_map(|a| a.strip_prefix("--split-count=").map(str::to_string))
         .expect("the chart passes --split-count");
-        self.cluster.wait(
+        vgpu_tests::wait_for(
             START,
             &format!("{what}: node allocatable nvidia.com/gpu {split}"),
             || {

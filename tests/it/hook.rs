@@ -1046,9 +1046,20 @@ fn unusable_accounting_file_fails_closed_with_one_line() {
     let args = ["direct", "init", "alloc:1m"];
     let plain = env.dir.path().join("plain-file");
     std::fs::write(&plain, b"not a directory").unwrap();
+    // The accounting directory is writable by every user of the container: another user's symlink
+    // there is not followed (it could point at a file of this process's user, which the hook would
+    // then open to all and overwrite).
+    let target = env.dir.path().join("someone-elses-file");
+    std::fs::write(&target, b"keep").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = env.dir.path().join("linked/vgpu.cache");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
     for (path, errno) in [
         (plain.join("vgpu/vgpu.cache"), "os error 20"),
         (std::path::PathBuf::from("/dev/zero"), "not a regular file"),
+        (link.clone(), "os error 40"),
     ] {
         let v = vars(&path);
         let v: Vec<(&str, &str)> = v.iter().map(|(k, x)| (k.as_str(), x.as_str())).collect();
@@ -1056,6 +1067,12 @@ fn unusable_accounting_file_fails_closed_with_one_line() {
         assert!(status.success(), "{out:?} {err}");
         assert_fails_closed(&out, &err, &path, errno);
     }
+
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
 
     // "Full": the file-size limit is below the accounting file's size (ulimit -f counts blocks of
     // 512 or 1024 bytes; 1 block is far below the file's 41 KiB).

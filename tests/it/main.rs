@@ -9,6 +9,7 @@ mod faults;
 mod helm;
 mod hook;
 mod hostile;
+mod images;
 mod metrics;
 mod scheduler;
 mod validate;

@@ -144,14 +144,21 @@ pub fn start_webhook(
 
 /// CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat`.
 pub fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // A process that is gone must fail the measurement, not read as idle.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("process {pid}: /proc/{pid}/stat: {e}"));
     // Fields after the command name (which is in parentheses and may hold spaces): utime and stime
     // are the 14th and 15th fields of the line, in clock ticks (sysconf(_SC_CLK_TCK), 100 on Linux).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = [11, 12]
         .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .map(|&i| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("process {pid}: unreadable stat line {stat:?}"))
+        })
         .sum();
     Duration::from_millis(ticks * 10)
 }

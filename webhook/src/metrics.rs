@@ -68,6 +68,9 @@ pub struct Metrics {
     cache_synced: Family<CacheLabels, Gauge>,
     quota_used: Family<QuotaLabels, Gauge>,
     quota_hard: Family<QuotaLabels, Gauge>,
+    /// Serialises scrapes: each rebuilds the quota gauges before encoding, and one scrape must not
+    /// encode between another's clear and refill.
+    scrape: std::sync::Mutex<()>,
 }
 
 /// Latency buckets: admissions take tens of microseconds; the API server gives up at the
@@ -122,7 +125,7 @@ impl Metrics {
         let quota_used = Family::<QuotaLabels, Gauge>::default();
         registry.register(
             "vgpu_webhook_quota_used",
-            "What vgpu counts against a ResourceQuota key, as it enforces it: GPUs, GPUs x MiB or GPUs x percent of the namespace's admitted vGPU pods (Kubernetes' own count of requests.<name> sums per-container values, without the GPU factor)",
+            "What vgpu counts against a ResourceQuota key, the way it enforces it: GPUs, GPUs x MiB or GPUs x percent of the namespace's vGPU pods that exist (reservations of pods just admitted and not yet seen come on top at admission; Kubernetes' own count of requests.<name> sums per-container values, without the GPU factor)",
             quota_used.clone(),
         );
         let quota_hard = Family::<QuotaLabels, Gauge>::default();
@@ -140,7 +143,15 @@ impl Metrics {
             cache_synced,
             quota_used,
             quota_hard,
+            scrape: std::sync::Mutex::new(()),
         }
+    }
+
+    /// A scrape: `refresh` sets the gauges computed from the caches, then the text exposition.
+    pub fn scrape(&self, refresh: impl FnOnce()) -> String {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        refresh();
+        self.encode()
     }
 
     /// Replaces the quota gauges with `(labels, used, hard)` per enforced key.

@@ -98,8 +98,8 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
     let accept = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok());
-    state.validator.report_cache_states();
-    let (content_type, body) = exposition::negotiate(accept, state.metrics.encode());
+    let text = state.metrics.scrape(|| state.validator.refresh_metrics());
+    let (content_type, body) = exposition::negotiate(accept, text);
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 

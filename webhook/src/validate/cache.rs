@@ -354,6 +354,14 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
         "pods",
         move |change| {
             let largest = c.largest_card_mib().unwrap_or(0);
+            apply_namespaced(
+                &c.pods,
+                change,
+                &|v| cached_pod(v, &policy, largest),
+                |p: &CachedPod| p.name.as_str(),
+            );
+            // After the change is applied: a uid seen is a pod the cache holds (or held), so a
+            // decision that finds its reservation done finds the pod in its snapshot.
             fn uid(v: &Value) -> Option<&str> {
                 v.pointer("/metadata/uid").and_then(Value::as_str)
             }
@@ -362,12 +370,6 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
                 Change::Apply(_, v) => c.note_seen(uid(v)),
                 Change::Delete(_) => {}
             }
-            apply_namespaced(
-                &c.pods,
-                change,
-                &|v| cached_pod(v, &policy, largest),
-                |p: &CachedPod| p.name.as_str(),
-            )
         },
         cache.clone(),
         |c, v| c.pods_synced.store(v, Ordering::Release),
@@ -412,6 +414,7 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
 type Key = (String, String);
 
 /// What a watcher saw.
+#[derive(Clone, Copy)]
 enum Change<'a> {
     /// A complete LIST: everything else is gone.
     Replace(&'a [(Key, Value)]),

@@ -55,19 +55,29 @@ pub struct Rejection {
     pub note: String,
 }
 
-/// The refused pod itself, for a pod without a controller: it never exists, so the Event carries its
-/// name (or `generateName`) and no uid, in its namespace, where `kubectl get events` lists it as
-/// `pod/<name>`. (An Event about a cluster-scoped object such as the Namespace must live in
-/// `default` or `kube-system`: the API server refuses it in the pod's namespace with 422
-/// `involvedObject.namespace: Invalid value: "": does not match event.namespace`,
-/// pkg/apis/core/validation/events.go.)
+/// The refused pod itself, for a pod without a controller, in its namespace, where `kubectl get
+/// events` lists it as `pod/<name>`. A refused creation never exists, so its Event carries the name
+/// (or `generateName`) and no uid; a refused UPDATE's pod does, and its uid lets `kubectl describe
+/// pod` (which selects events by uid) show it. (An Event about a cluster-scoped object such as the
+/// Namespace must live in `default` or `kube-system`: the API server refuses it in the pod's
+/// namespace with 422 `involvedObject.namespace: Invalid value: "": does not match
+/// event.namespace`, pkg/apis/core/validation/events.go.)
 pub fn pod_ref(request: &crate::admission::AdmissionRequest, namespace: &str) -> ObjectRef {
+    let uid = match request.operation.as_str() {
+        "UPDATE" => request
+            .object
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/uid"))
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        _ => "",
+    };
     ObjectRef {
         api_version: "v1".into(),
         kind: "Pod".into(),
         namespace: namespace.to_string(),
         name: request.object_name().to_string(),
-        uid: String::new(),
+        uid: uid.to_string(),
     }
 }
 
@@ -119,7 +129,10 @@ pub fn event_name(r: &Rejection) -> String {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
+    // Cut to leave room for the suffix; a DNS label may not end in '-' or '.' (a real API server
+    // refuses the Event then, 422, where the fake one would take it).
     let base: String = r.regarding.name.chars().take(200).collect();
+    let base = base.trim_end_matches(['-', '.']);
     format!("{base}.vgpu-{h:016x}")
 }
 
@@ -347,6 +360,13 @@ mod tests {
             name.starts_with("train-7d9f.vgpu-") && name.len() == "train-7d9f.vgpu-".len() + 16
         );
         assert_eq!(name, event_name(&r.clone()), "stable");
+        // A long name cut where a label would end in '-' or '.' still makes a valid name.
+        let long = rejection("Pod", &format!("{}-x", "a".repeat(199)));
+        let cut = event_name(&long);
+        assert!(
+            cut.starts_with(&"a".repeat(199)) && cut[199..].starts_with(".vgpu-"),
+            "{cut}"
+        );
         let mut other = r.clone();
         other.reason = REASON_POLICY;
         assert_ne!(name, event_name(&other));

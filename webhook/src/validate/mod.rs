@@ -163,7 +163,7 @@ impl Validator {
 
     /// Sets `vgpu_webhook_cache_synced` and the quota gauges from the caches, at each scrape;
     /// without API access there are no caches and no such series.
-    pub fn report_cache_states(&self) {
+    pub fn refresh_metrics(&self) {
         if self.client.is_none() {
             return;
         }
@@ -241,8 +241,9 @@ impl Validator {
             Continue(None) => return ((allow, "no-quota"), None),
             Break(d) => return (d, None),
         };
+        let seen = self.seen_before_pods(ledger);
         let pods = self.cache.pods(&a.namespace);
-        let seen = |uid: &str| self.cache.was_seen(uid);
+        let seen = |uid: &str| seen.contains(uid);
         match ledger::attempt(
             &a.namespace,
             ledger,
@@ -462,6 +463,7 @@ impl Validator {
                 .as_ref()
                 .map(|c| Ledger::from_configmap(&cache::to_value(c)))
                 .unwrap_or_default();
+            let seen = self.seen_before_pods(&ledger);
             let pods = match self.pods(client, namespace, largest).await {
                 Ok(p) => p,
                 Err(e) => {
@@ -476,7 +478,7 @@ impl Validator {
                 &quotas,
                 &incoming,
                 ledger::now_ms(),
-                &|uid| self.cache.was_seen(uid),
+                &|uid| seen.contains(uid),
             ) {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
                 Attempt::Exceeded(e) => {
@@ -533,6 +535,19 @@ impl Validator {
                 }
             }
         }
+    }
+
+    /// The ledger's reservations whose pods the cache has seen, read before the pods are: a pod
+    /// seen then is in any snapshot or LIST taken after (or gone for good), so a reservation
+    /// found done always finds its pod counted. (Read after, a pod arriving in between would be
+    /// in neither.)
+    fn seen_before_pods(&self, ledger: &Ledger) -> std::collections::HashSet<String> {
+        ledger
+            .reservations
+            .iter()
+            .filter(|r| self.cache.was_seen(&r.uid))
+            .map(|r| r.uid.clone())
+            .collect()
     }
 
     async fn pods(

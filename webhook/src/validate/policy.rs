@@ -135,10 +135,27 @@ pub fn check(
         }
         if rules.deny_reserved_env {
             // /mutate removed every one of these: one present now was added after it, and the
-            // device plugin's Allocate is the only source of the container's limits.
+            // device plugin's Allocate is the only source of the container's limits. Except, during
+            // an upgrade from 0.1 (whose /mutate wrote these two, while the API server may send
+            // /validate to a new replica), exactly what that /mutate wrote, once each.
+            let written_by_0_1 = |var: &str, e: &Value, seen: &[&str]| {
+                let want = match (var, req.memory) {
+                    (env::MEMORY_LIMIT, Memory::Mib(m)) => env::format_memory_mib(m),
+                    (env::SM_LIMIT, _) => req.cores.to_string(),
+                    _ => return false,
+                };
+                !seen.contains(&var)
+                    && e.get("valueFrom").is_none()
+                    && e.get("value").and_then(Value::as_str) == Some(want.as_str())
+            };
+            let mut seen: Vec<&str> = Vec::new();
             if let Some((var, value)) = envs.into_iter().flatten().find_map(|e| {
                 let var = e.get("name").and_then(Value::as_str)?;
-                env::is_reserved(var).then(|| (var, e.get("value").and_then(Value::as_str)))
+                if !env::is_reserved(var) || written_by_0_1(var, e, &seen) {
+                    seen.push(var);
+                    return None;
+                }
+                Some((var, e.get("value").and_then(Value::as_str)))
             }) {
                 let shown = match value {
                     Some(v) => format!("{v:?}"),
@@ -259,6 +276,16 @@ mod tests {
     #[test]
     fn a_mutated_pod_passes() {
         assert_eq!(run(gpu_pod(json!({})), &PolicyRules::default()), Ok(()));
+        // What 0.1's /mutate wrote (a rolling upgrade mixes old /mutate and new /validate
+        // replicas), exactly and once; anything else is refused.
+        let old = json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"},
+            {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
+        assert_eq!(run(gpu_pod(old), &PolicyRules::default()), Ok(()));
+        let twice = json!({"env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"},
+            {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
+        assert_eq!(rule_of(gpu_pod(twice)), "denyReservedEnv");
+        let other = json!({"env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}]});
+        assert_eq!(rule_of(gpu_pod(other)), "denyReservedEnv");
         // Non-vGPU containers may do what they like.
         let pod = json!({"spec": {"containers": [{"name": "x", "securityContext": {"privileged": true},
             "env": [{"name": "LD_PRELOAD", "value": "a.so"}]}]}});
