@@ -22,6 +22,9 @@ struct Cli {
 enum Command {
     /// Make (or renew) a CA and a serving certificate for a Service. Only what is missing,
     /// invalid or expiring within --renew-before is regenerated.
+    // A flag given twice takes the last value: an operator renews now by appending
+    // --renew-before=400d to the chart's CronJob arguments.
+    #[command(args_override_self = true)]
     Generate(Generate),
     /// Set the caBundle of the named webhook configurations (mutating and/or validating).
     Inject(Inject),
@@ -220,5 +223,23 @@ mod tests {
         assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
         assert!(parse_duration("3w").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("d").is_err());
+    }
+
+    /// The chart's renewal arguments with one more `--renew-before`: the last one counts.
+    #[test]
+    fn a_later_renew_before_overrides_the_charts() {
+        let cli = Cli::try_parse_from([
+            "vgpu-certs",
+            "generate",
+            "--service=vgpu-webhook",
+            "--namespace=vgpu-system",
+            "--renew-before=30d",
+            "--renew-before=400d",
+        ])
+        .unwrap();
+        let Command::Generate(g) = cli.command else {
+            panic!("not generate");
+        };
+        assert_eq!(g.renew_before, Duration::from_secs(400 * 86_400));
     }
 }

@@ -41,6 +41,13 @@ pub struct Limits {
     pub max_body: usize,
     /// How long open connections get to finish at shutdown, or after being told to close.
     pub shutdown_grace: Duration,
+    /// Once shutdown is asked, how long to go on serving (new connections too) before stopping:
+    /// the time the cluster takes to stop sending here (a terminating pod's endpoint is removed,
+    /// but clients keep their pooled connections). Meanwhile HTTP/1.1 answers carry
+    /// `Connection: close`, so clients retire their keep-alive connections after a response
+    /// instead of meeting one closed under their next request (a broken pipe, which an API
+    /// server reports as a failed admission).
+    pub shutdown_delay: Duration,
 }
 
 impl Default for Limits {
@@ -51,6 +58,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(90),
             max_body: 3 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
         }
     }
 }
@@ -72,12 +80,23 @@ pub async fn serve(
     let limits = Arc::new(limits);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (drain_tx, drain_rx) = watch::channel(false);
     // Every connection task holds a clone; when all are gone, recv() returns None.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
+    let mut drain_until: Option<Instant> = None;
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if drain_until.is_none() => {
+                if limits.shutdown_delay.is_zero() {
+                    break;
+                }
+                tracing::info!(delay = ?limits.shutdown_delay, "shutting down: serving on while clients move away");
+                let _ = drain_tx.send(true);
+                drain_until = Some(Instant::now() + limits.shutdown_delay);
+                continue;
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(Instant::now)), if drain_until.is_some() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -88,22 +107,23 @@ pub async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let (router, limits, stop, open) = (
+        let (router, limits, stop, open, drain) = (
             router.clone(),
             limits.clone(),
             stop_rx.clone(),
             open_tx.clone(),
+            drain_rx.clone(),
         );
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _open = open;
             let Some(acceptor) = acceptor else {
-                return connection(tcp, false, router, limits, stop).await;
+                return connection(tcp, false, router, limits, stop, drain).await;
             };
             match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                    connection(stream, h2, router, limits, stop).await
+                    connection(stream, h2, router, limits, stop, drain).await
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake not finished in time"),
@@ -372,6 +392,7 @@ async fn connection<IO>(
     router: Router,
     limits: Arc<Limits>,
     stop: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -389,8 +410,15 @@ async fn connection<IO>(
             let in_flight = activity.request_started();
             let activity = activity.clone();
             let (router, limits) = (router.clone(), limits.clone());
+            let draining = !h2 && *drain.borrow();
             async move {
-                let resp = respond(req, router, limits).await;
+                let mut resp = respond(req, router, limits).await;
+                if draining {
+                    resp.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                }
                 if resp.headers().get(axum::http::header::CONNECTION)
                     == Some(&axum::http::HeaderValue::from_static("close"))
                 {
@@ -504,6 +532,49 @@ async fn watchdog<C: Graceful>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One HTTP/1.1 GET on a new connection: the response head.
+    async fn get(addr: std::net::SocketAddr) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+        let mut buf = vec![0u8; 1024];
+        let n = s.read(&mut buf).await?;
+        Ok(String::from_utf8_lossy(&buf[..n]).to_lowercase())
+    }
+
+    /// Asked to stop with a delay, the server goes on answering (new connections too), each
+    /// HTTP/1.1 answer closing its connection, and stops when the delay is over.
+    #[tokio::test]
+    async fn a_shutdown_delay_keeps_serving_and_retires_keep_alive_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (tx, mut rx) = watch::channel(false);
+        let limits = Limits {
+            shutdown_delay: Duration::from_millis(600),
+            ..Limits::default()
+        };
+        let server = tokio::spawn(serve(listener, None, router, limits, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        let before = get(addr).await.unwrap();
+        assert!(
+            before.starts_with("http/1.1 200") && !before.contains("connection: close"),
+            "{before}"
+        );
+        let asked = Instant::now();
+        tx.send(true).unwrap();
+        // Answered, and told to close, until the delay is over.
+        let during = get(addr).await.unwrap();
+        assert!(
+            during.starts_with("http/1.1 200") && during.contains("connection: close"),
+            "{during}"
+        );
+        server.await.unwrap().unwrap();
+        assert!(asked.elapsed() >= Duration::from_millis(600));
+        assert!(get(addr).await.is_err(), "still listening after the delay");
+    }
 
     fn limits() -> Limits {
         Limits {

@@ -8,9 +8,11 @@ use crate::journey::{probe_pod, slice_pod};
 use crate::kube::{Cluster, CONTAINERD_SOCKET, WAIT};
 use crate::parts::{GPU_MIB, GPU_MODEL, GPU_UUID};
 use crate::{report, sh};
+use base64::Engine as _;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use vgpu_core::annotations::ASSIGNMENT;
 use vgpu_core::assignment::PodAssignment;
@@ -19,9 +21,22 @@ const RELEASE: &str = "vgpu";
 const NS: &str = "vgpu-system";
 /// A tenant namespace for the installed journey.
 const TENANT: &str = "vgpu-installed";
+/// A labelled namespace without a quota, for the admissions that run during the lifecycle steps.
+const BURST: &str = "vgpu-installed-burst";
 const QUOTA_MIB: u64 = 8192;
 /// Where the fake NVML sits in the device plugin's container.
 const FAKE_NVML_DIR: &str = "/opt/fake-nvml";
+/// The device plugin's host directory (the chart's default).
+const HOST_DIR: &str = "/usr/local/vgpu";
+/// What `helm uninstall` leaves, and the commands docs/install.md gives to remove it.
+const AFTER_UNINSTALL: &[&str] = &[
+    "kubectl delete secret -n vgpu-system vgpu-webhook-tls --ignore-not-found",
+    "kubectl delete job,serviceaccount,role,rolebinding -n vgpu-system -l app.kubernetes.io/instance=vgpu",
+    "kubectl delete clusterrole,clusterrolebinding -l app.kubernetes.io/instance=vgpu",
+    "kubectl delete configmap -n vgpu-system -l app.kubernetes.io/managed-by=vgpu-webhook",
+    "kubectl annotate nodes --all vgpu.io/node-devices- vgpu.io/node-heartbeat-",
+    "rm -rf /usr/local/vgpu",
+];
 /// The kube-scheduler version the chart defaults its image tag to (the cluster's).
 const KUBE_SCHEDULER_TAG: &str = "v1.36.2";
 
@@ -300,19 +315,25 @@ fn check_rbac(c: &Cluster) {
 /// reason, Pending with a reason, deletes that free.
 fn journey(c: &Cluster) {
     let step = "installed journey";
-    c.delete(&["namespace", TENANT]);
+    c.delete(&["namespace", TENANT, BURST]);
     c.apply(
         &json!({"apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT, "labels": {
+                "vgpu": "enabled", "pod-security.kubernetes.io/enforce": "restricted"}}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BURST, "labels": {
                 "vgpu": "enabled", "pod-security.kubernetes.io/enforce": "restricted"}}},
             {"apiVersion": "v1", "kind": "ResourceQuota",
                 "metadata": {"name": "gpu-quota", "namespace": TENANT},
                 "spec": {"hard": {"requests.nvidia.com/gpumem": QUOTA_MIB.to_string()}}}]})
         .to_string(),
     );
-    vgpu_tests::wait_for(WAIT, &format!("{step}: ServiceAccount default"), || {
-        c.get(&["serviceaccount", "default", "-n", TENANT])
-    });
+    for ns in [TENANT, BURST] {
+        vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: ServiceAccount default in {ns}"),
+            || c.get(&["serviceaccount", "default", "-n", ns]),
+        );
+    }
     let pod = probe_pod(
         "capped",
         json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
@@ -393,6 +414,226 @@ fn journey(c: &Cluster) {
     c.wait_running(TENANT, "again", step);
 }
 
+/// Server-side dry-run creations of a vGPU pod in `BURST`, one after another, until `stop`: every
+/// one goes through both webhooks (dry runs write nothing), so each failure is a failed admission.
+fn admissions_until(c: &Cluster, stop: &AtomicBool) -> (usize, Vec<String>) {
+    let (mut ok, mut failed) = (0, Vec::new());
+    let mut pod = slice_pod("dry-run", 256, 0);
+    pod["metadata"]["namespace"] = json!(BURST);
+    let text = pod.to_string();
+    while !stop.load(Ordering::SeqCst) {
+        match c.kubectl_stdin(&text, &["create", "--dry-run=server", "-f", "-"]) {
+            Ok(_) => ok += 1,
+            Err(e) => failed.push(e),
+        }
+    }
+    (ok, failed)
+}
+
+/// Runs `during` while admissions go on; fails the step if any admission failed.
+fn without_failed_admissions(c: &Cluster, step: &str, during: impl FnOnce()) {
+    /// Stops the admissions when dropped: also when `during` panics, or the scope would wait for
+    /// them forever.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let (ok, failed) = std::thread::scope(|scope| {
+        let burst = scope.spawn(|| admissions_until(c, &stop));
+        {
+            let _stop = Stop(&stop);
+            during();
+        }
+        burst.join().expect("admissions thread")
+    });
+    report(&format!(
+        "{step}: {ok} admissions went through, {} failed",
+        failed.len()
+    ));
+    assert!(ok > 0, "{step}: no admission ran meanwhile");
+    assert!(failed.is_empty(), "{step}: failed admissions: {failed:#?}");
+}
+
+/// The webhook pods' serving-certificate fingerprints (openssl against each pod IP).
+fn served_certificates(c: &Cluster) -> Vec<String> {
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=webhook",
+    ]);
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_string))
+        .map(|ip| {
+            let script = format!(
+                "timeout 10 openssl s_client -connect {ip}:8443 </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
+            );
+            sh(Command::new("sh").args(["-c", &script])).trim().to_string()
+        })
+        .collect()
+}
+
+/// The Secret's serving certificate's fingerprint.
+fn secret_certificate(c: &Cluster) -> String {
+    let secret = c.json(&["get", "secret", "vgpu-webhook-tls", "-n", NS]);
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["tls.crt"].as_str().unwrap_or_default())
+        .expect("base64 tls.crt");
+    let mut child = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&pem)
+        .expect("write pem");
+    let out = child.wait_with_output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What an operator does to a running install, each while admissions go on: an upgrade with a
+/// changed value, a webhook replica killed, the certificate renewed by the CronJob's command.
+fn lifecycle(c: &Cluster) {
+    let chart = vgpu_tests::repo_root().join("helm/vgpu");
+    let keeper = c.pod(TENANT, "again").expect("the journey's last pod runs");
+    without_failed_admissions(
+        c,
+        "helm upgrade --set devicePlugin.deviceSplitCount=4",
+        || {
+            helm(
+                c,
+                &[
+                    "upgrade",
+                    RELEASE,
+                    chart.to_str().expect("path"),
+                    "-n",
+                    NS,
+                    "--reuse-values",
+                    "--set",
+                    "devicePlugin.deviceSplitCount=4",
+                    "--wait",
+                    "--timeout",
+                    "4m",
+                ],
+            )
+            .unwrap_or_else(|e| panic!("upgrade: {e}\n{}", describe_release(c)));
+            vgpu_tests::wait_for(WAIT, "upgrade: the node's GPU split in 4", || {
+                let node = c.get(&["node", &c.node])?;
+                (node["status"]["allocatable"]["nvidia.com/gpu"] == "4").then_some(())
+            });
+        },
+    );
+    let after = c.wait_running(TENANT, "again", "upgrade");
+    assert_eq!(
+        after["metadata"]["uid"], keeper["metadata"]["uid"],
+        "upgrade: the running workload was replaced"
+    );
+    assert_eq!(
+        after["status"]["containerStatuses"][0]["restartCount"], 0,
+        "upgrade: the running workload restarted"
+    );
+
+    without_failed_admissions(c, "a webhook replica killed", || {
+        let pods = c.json(&[
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/component=webhook",
+        ]);
+        let victim = pods["items"][0]["metadata"]["name"]
+            .as_str()
+            .expect("a webhook pod")
+            .to_string();
+        c.kubectl(&[
+            "delete",
+            "pod",
+            &victim,
+            "-n",
+            NS,
+            "--grace-period=0",
+            "--force",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        vgpu_tests::wait_for(WAIT, "a webhook replica killed: two ready again", || {
+            let d = c.get(&["deployment", "vgpu-webhook", "-n", NS])?;
+            (d["status"]["readyReplicas"] == 2).then_some(())
+        });
+    });
+
+    // Renewal now: the CronJob's own Job, with --renew-before longer than the leaf's validity.
+    let before = secret_certificate(c);
+    without_failed_admissions(
+        c,
+        "the certificate renewed by the CronJob's command",
+        || {
+            let job = c
+                .kubectl(&[
+                    "create",
+                    "job",
+                    "renew-now",
+                    "-n",
+                    NS,
+                    "--from=cronjob/vgpu-certs-renew",
+                    "--dry-run=client",
+                    "-o",
+                    "json",
+                ])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut job: serde_json::Value = serde_json::from_str(&job).expect("job JSON");
+            for c in job["spec"]["template"]["spec"]["initContainers"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                if c["args"][0] == "generate" {
+                    c["args"]
+                        .as_array_mut()
+                        .expect("args")
+                        .push(json!("--renew-before=400d"));
+                }
+            }
+            c.create(&job).unwrap_or_else(|e| panic!("{e}"));
+            vgpu_tests::wait_for(WAIT, "renewal: the Job completes", || {
+                let j = c.get(&["job", "renew-now", "-n", NS])?;
+                (j["status"]["succeeded"] == 1).then_some(())
+            });
+            let renewed = secret_certificate(c);
+            assert_ne!(renewed, before, "renewal: the Secret kept its certificate");
+            // The kubelet refreshes the Secret volume (up to its sync period), the webhook reloads.
+            let started = Instant::now();
+            vgpu_tests::wait_for(
+                Duration::from_secs(150),
+                "renewal: the webhooks serve the new certificate",
+                || {
+                    let served = served_certificates(c);
+                    (!served.is_empty() && served.iter().all(|f| *f == renewed)).then_some(())
+                },
+            );
+            report(&format!(
+                "renewal: both webhook replicas serve the new certificate {:.0} s after the Job",
+                started.elapsed().as_secs_f64()
+            ));
+        },
+    );
+    c.delete(&["job", "renew-now", "-n", NS]);
+}
+
 /// `helm uninstall`: no webhook configuration is left to block pod creation, the node's capacity
 /// goes back to zero, and a vGPU pod is then created like any other.
 fn uninstall(c: &Cluster) {
@@ -420,7 +661,79 @@ fn uninstall(c: &Cluster) {
     c.delete(&["pod", "--all", "-n", TENANT]);
     c.create_in(TENANT, slice_pod("after", 1024, 0))
         .unwrap_or_else(|e| panic!("{step}: a pod was refused after uninstall: {e}"));
-    c.delete(&["namespace", TENANT]);
+    c.delete(&["namespace", TENANT, BURST]);
+
+    // What Helm does not own, removed with the commands docs/install.md gives.
+    let doc = std::fs::read_to_string(vgpu_tests::repo_root().join("docs/install.md"))
+        .expect("docs/install.md");
+    for command in AFTER_UNINSTALL {
+        assert!(
+            doc.lines().any(|l| l.trim() == *command),
+            "{step}: docs/install.md does not give `{command}`"
+        );
+        let words: Vec<&str> = command.split_whitespace().collect();
+        match words.as_slice() {
+            ["kubectl", args @ ..] => {
+                c.kubectl(args).unwrap_or_else(|e| panic!("{step}: {e}"));
+            }
+            // This machine is the GPU node.
+            _ => {
+                sh(Command::new("sh").args(["-c", command]));
+            }
+        }
+    }
+    let left = |args: &[&str]| -> Vec<String> {
+        c.json(args)["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| {
+                Some(format!(
+                    "{}/{}",
+                    o["kind"].as_str()?,
+                    o["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect()
+    };
+    let mut leftovers = left(&[
+        "get",
+        "all,sa,role,rolebinding,secret,configmap",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/instance=vgpu",
+    ]);
+    leftovers.extend(left(&[
+        "get",
+        "configmap",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/managed-by=vgpu-webhook",
+    ]));
+    leftovers.extend(left(&[
+        "get",
+        "clusterrole,clusterrolebinding",
+        "-l",
+        "app.kubernetes.io/instance=vgpu",
+    ]));
+    if c.get(&["secret", "vgpu-webhook-tls", "-n", NS]).is_some() {
+        leftovers.push("Secret/vgpu-webhook-tls".into());
+    }
+    let node = c.json(&["get", "node", &c.node]);
+    leftovers.extend(
+        node["metadata"]["annotations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with("vgpu.io/"))
+            .map(|(k, _)| format!("node annotation {k}")),
+    );
+    if Path::new(HOST_DIR).exists() {
+        leftovers.push(HOST_DIR.into());
+    }
+    assert!(leftovers.is_empty(), "{step}: left behind: {leftovers:?}");
     c.kubectl(&["label", "node", &c.node, "gpu-"]).ok();
 }
 
@@ -435,7 +748,7 @@ pub fn clean_slate(c: &Cluster) {
         "mutatingwebhookconfiguration/vgpu-mutate",
         "validatingwebhookconfiguration/vgpu-validate",
     ]);
-    c.delete(&["namespace", TENANT]);
+    c.delete(&["namespace", TENANT, BURST]);
 }
 
 /// The whole install phase.
@@ -447,6 +760,7 @@ pub fn run(c: &Cluster, work: &Path) {
     check_installed(c);
     check_rbac(c);
     journey(c);
+    lifecycle(c);
     uninstall(c);
     report(&format!(
         "helm install, journey and uninstall in {:.0} s",

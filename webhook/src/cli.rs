@@ -73,7 +73,8 @@ pub struct Cli {
     /// Namespace of the quota reservation ConfigMaps: the webhook's own.
     #[arg(long, env = "POD_NAMESPACE", default_value = "vgpu-system")]
     pub namespace: String,
-    /// Seconds a quota reservation counts while its pod is not yet in the pod cache.
+    /// Seconds a quota reservation counts while its pod has not been seen (keep it above 30: the
+    /// longest another validating webhook may hold the pod's creation).
     #[arg(long, env = "VGPU_WEBHOOK_RESERVATION_TTL", default_value_t = 60,
         value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub reservation_ttl: u64,
@@ -99,6 +100,12 @@ pub struct Cli {
     #[arg(long, env = "VGPU_WEBHOOK_IDLE_TIMEOUT", default_value = "90s",
         value_parser = parse_duration)]
     pub idle_timeout: Duration,
+    /// At SIGTERM, go on serving this long (HTTP/1.1 answers then close their connections) before
+    /// stopping: the API server keeps pooled connections to a terminating replica, and a
+    /// connection closed under its next request fails that admission. `0s` stops at once.
+    #[arg(long, env = "VGPU_WEBHOOK_SHUTDOWN_DELAY", default_value = "5s",
+        value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
     /// Log format.
     #[arg(
         long,
@@ -192,6 +199,7 @@ impl Cli {
                 body_read_timeout: self.body_read_timeout,
                 idle_timeout: self.idle_timeout,
                 max_body: crate::server::MAX_BODY_BYTES,
+                shutdown_delay: self.shutdown_delay,
                 ..Limits::default()
             },
         })
