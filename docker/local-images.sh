@@ -55,7 +55,7 @@ libs() {
   shift
   for f in "$@"; do
     # ldd prints "name => /path (addr)" for each library and "/lib64/ld-linux... (addr)" for the loader.
-    for lib in $(ldd "$f" | awk '/=> \// {print $3} /^\t\// {print $1}'); do
+    for lib in $(ldd "$f" 2>/dev/null | awk '/=> \// {print $3} /^\t\// {print $1}'); do
       mkdir -p "$root$(dirname "$lib")"
       cp -L "$lib" "$root$lib"
     done
