@@ -632,6 +632,42 @@ fn lifecycle(c: &Cluster) {
         },
     );
     c.delete(&["job", "renew-now", "-n", NS]);
+
+    // A certificates Job that fails keeps its pods, so its logs say why (with OnFailure the Job
+    // controller deleted the pod at the backoff limit and `kubectl logs` had nothing).
+    let step = "a failed certificates Job";
+    let job = c
+        .kubectl(&[
+            "create",
+            "job",
+            "renew-broken",
+            "-n",
+            NS,
+            "--from=cronjob/vgpu-certs-renew",
+            "--dry-run=client",
+            "-o",
+            "json",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut job: serde_json::Value = serde_json::from_str(&job).expect("job JSON");
+    job["spec"]["backoffLimit"] = json!(0);
+    job["spec"]["template"]["spec"]["initContainers"][0]["args"]
+        .as_array_mut()
+        .expect("args")
+        .push(json!("--days=not-a-number"));
+    c.create(&job).unwrap_or_else(|e| panic!("{e}"));
+    vgpu_tests::wait_for(WAIT, &format!("{step}: the Job fails"), || {
+        let j = c.get(&["job", "renew-broken", "-n", NS])?;
+        (j["status"]["failed"] == 1).then_some(())
+    });
+    let logs = c
+        .kubectl(&["logs", "-n", NS, "job/renew-broken", "-c", "generate"])
+        .unwrap_or_else(|e| e);
+    assert!(
+        logs.contains("not-a-number"),
+        "{step}: `kubectl logs job/renew-broken` does not say why: {logs}"
+    );
+    c.delete(&["job", "renew-broken", "-n", NS]);
 }
 
 /// `helm uninstall`: no webhook configuration is left to block pod creation, the node's capacity
