@@ -84,6 +84,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -179,7 +180,10 @@ async fn main() -> anyhow::Result<()> {
             socket: cli.socket_name,
             resource: cli.resource_name,
         },
-        shutdown_signal(),
+        async {
+            shutdown.await;
+            tracing::info!("shutting down");
+        },
     )
     .await?;
     tracing::info!("stopped");
@@ -199,20 +203,4 @@ fn install_lib(source: &std::path::Path, dir: &std::path::Path) -> anyhow::Resul
         .with_context(|| format!("writing {}", dir.join(PRELOAD_NAME).display()))?;
     tracing::info!(target = %target.display(), "library installed");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = ctrl_c.await;
-        }
-    }
-    tracing::info!("shutting down");
 }

@@ -10,6 +10,7 @@ use vgpu_scheduler::watch;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
     init_logging(cli.log_format);
     // One crypto provider for the whole process (kube's client uses ring).
@@ -58,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
@@ -96,25 +97,4 @@ fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

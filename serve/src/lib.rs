@@ -95,6 +95,23 @@ pub fn raise_nofile_limit() -> Result<NofileLimit, std::io::Error> {
     })
 }
 
+/// SIGTERM or SIGINT, as a future; the handlers are installed by this call, not when the future is
+/// first polled. Call it first thing: until a handler is installed, SIGTERM kills the process with
+/// the default action, skipping the shutdown (a plugin's socket left behind, connections cut), and a
+/// handler installed inside a task or on first poll leaves that window open while the process
+/// already serves. Must be called inside a Tokio runtime.
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -4,7 +4,7 @@
 //! journey against the installed components, least privilege checked with `kubectl auth can-i`,
 //! and `helm uninstall` leaving nothing that could block a pod.
 
-use crate::journey::{probe_pod, slice_pod};
+use crate::journey::{capped_pod, probe_pod, slice_pod};
 use crate::kube::{Cluster, CONTAINERD_SOCKET, WAIT};
 use crate::parts::{GPU_MIB, GPU_MODEL, GPU_UUID};
 use crate::{report, sh};
@@ -334,20 +334,7 @@ fn journey(c: &Cluster) {
             || c.get(&["serviceaccount", "default", "-n", ns]),
         );
     }
-    let pod = probe_pod(
-        "capped",
-        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
-        &[
-            "direct",
-            "init",
-            "ctx:0",
-            "alloc:4095m",
-            "alloc:1m",
-            "alloc:2m",
-            "info",
-            "hold:3600000",
-        ],
-    );
+    let pod = capped_pod("capped");
     c.create_in(TENANT, pod)
         .unwrap_or_else(|e| panic!("{step}: {e}\n{}", describe_release(c)));
     let pod = c.wait_running(TENANT, "capped", step);
@@ -505,6 +492,24 @@ fn secret_certificate(c: &Cluster) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// A Job from the chart's renewal CronJob, as `kubectl create job --from=cronjob/...` makes it.
+fn renew_job(c: &Cluster, name: &str) -> serde_json::Value {
+    let job = c
+        .kubectl(&[
+            "create",
+            "job",
+            name,
+            "-n",
+            NS,
+            "--from=cronjob/vgpu-certs-renew",
+            "--dry-run=client",
+            "-o",
+            "json",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    serde_json::from_str(&job).expect("job JSON")
+}
+
 /// What an operator does to a running install, each while admissions go on: an upgrade with a
 /// changed value, a webhook replica killed, the certificate renewed by the CronJob's command.
 fn lifecycle(c: &Cluster) {
@@ -582,20 +587,7 @@ fn lifecycle(c: &Cluster) {
         c,
         "the certificate renewed by the CronJob's command",
         || {
-            let job = c
-                .kubectl(&[
-                    "create",
-                    "job",
-                    "renew-now",
-                    "-n",
-                    NS,
-                    "--from=cronjob/vgpu-certs-renew",
-                    "--dry-run=client",
-                    "-o",
-                    "json",
-                ])
-                .unwrap_or_else(|e| panic!("{e}"));
-            let mut job: serde_json::Value = serde_json::from_str(&job).expect("job JSON");
+            let mut job = renew_job(c, "renew-now");
             for c in job["spec"]["template"]["spec"]["initContainers"]
                 .as_array_mut()
                 .into_iter()
@@ -636,20 +628,7 @@ fn lifecycle(c: &Cluster) {
     // A certificates Job that fails keeps its pods, so its logs say why (with OnFailure the Job
     // controller deleted the pod at the backoff limit and `kubectl logs` had nothing).
     let step = "a failed certificates Job";
-    let job = c
-        .kubectl(&[
-            "create",
-            "job",
-            "renew-broken",
-            "-n",
-            NS,
-            "--from=cronjob/vgpu-certs-renew",
-            "--dry-run=client",
-            "-o",
-            "json",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut job: serde_json::Value = serde_json::from_str(&job).expect("job JSON");
+    let mut job = renew_job(c, "renew-broken");
     job["spec"]["backoffLimit"] = json!(0);
     job["spec"]["template"]["spec"]["initContainers"][0]["args"]
         .as_array_mut()

@@ -42,6 +42,25 @@ pub fn probe_pod(name: &str, limits: Value, args: &[&str]) -> Value {
                 "resources": {"limits": limits}}]}})
 }
 
+/// The journey's first pod: one vGPU of 4096 MiB and 30 % of the cores; the probe allocates 4095
+/// MiB, 1 MiB and then 2 MiB more (refused), reports `cuMemGetInfo` and holds.
+pub fn capped_pod(name: &str) -> Value {
+    probe_pod(
+        name,
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
+        &[
+            "direct",
+            "init",
+            "ctx:0",
+            "alloc:4095m",
+            "alloc:1m",
+            "alloc:2m",
+            "info",
+            "hold:3600000",
+        ],
+    )
+}
+
 /// `probe_pod` asking for one vGPU of `mib` MiB and `cores` percent, holding for an hour after
 /// the memory steps.
 pub fn slice_pod(name: &str, mib: u64, cores: u32) -> Value {
@@ -130,20 +149,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         let plain = plain_started.elapsed();
 
         let started = Instant::now();
-        let pod = probe_pod(
-            "probe-a",
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
-            &[
-                "direct",
-                "init",
-                "ctx:0",
-                "alloc:4095m",
-                "alloc:1m",
-                "alloc:2m",
-                "info",
-                "hold:3600000",
-            ],
-        );
+        let pod = capped_pod("probe-a");
         self.cluster()
             .create_in(NS, pod)
             .unwrap_or_else(|e| panic!("{step}: the API server refused probe-a: {e}"));

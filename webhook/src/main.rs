@@ -21,6 +21,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
     let _log_guard = init_logging(cli.log_format);
     // One crypto provider for the whole process (kube's client uses ring too).
@@ -92,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
@@ -159,25 +160,4 @@ fn init_logging(format: LogFormat) -> FlushGuard {
         LogFormat::Text => builder.with_ansi(false).init(),
     }
     guard
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
