@@ -11,9 +11,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::podview::PodView;
-use crate::pruned::PrunedPod;
-
 /// The only review version we speak (`admissionReviewVersions: [v1]`).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -43,12 +40,12 @@ pub enum ReviewError {
 /// The review envelope, as received.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn<O> {
+struct ReviewIn {
     #[serde(default)]
     api_version: String,
     #[serde(default)]
     kind: String,
-    request: Option<AdmissionRequest<O>>,
+    request: Option<AdmissionRequest>,
 }
 
 /// group/version/kind of the reviewed object.
@@ -65,10 +62,11 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
-/// What the API server asks us to admit; `O` is how the object is held (whole by default).
+/// What the API server asks us to admit. Both endpoints read a request this one way: the object
+/// whole, as a `Value` (the mutation borrows a [`crate::podview::PodView`] from it).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest<O = Value> {
+pub struct AdmissionRequest {
     /// Identifies this call; echoed in the response.
     #[serde(default)]
     pub uid: String,
@@ -88,14 +86,14 @@ pub struct AdmissionRequest<O = Value> {
     #[serde(default)]
     pub operation: String,
     /// The object as it would be stored.
-    #[serde(default = "none")]
-    pub object: Option<O>,
+    #[serde(default)]
+    pub object: Option<Value>,
     /// Whether this is a dry run (no side effects allowed).
     #[serde(default)]
     pub dry_run: Option<bool>,
     /// The object as it was before an UPDATE (absent for CREATE).
-    #[serde(default = "none")]
-    pub old_object: Option<O>,
+    #[serde(default)]
+    pub old_object: Option<Value>,
     /// Who made the request, as the API server authenticated them.
     #[serde(default)]
     pub user_info: UserInfo,
@@ -109,19 +107,8 @@ pub struct UserInfo {
     pub username: String,
 }
 
-fn none<O>() -> Option<O> {
-    None
-}
-
-/// Reads a review body with the object held as `O`.
-fn read_review<'de, O: Deserialize<'de>>(
-    body: &'de [u8],
-) -> Result<AdmissionRequest<O>, ReviewError> {
-    check_review(serde_json::from_slice(body).map_err(ReviewError::Json)?)
-}
-
 /// The request of a review, if the envelope is one this webhook answers.
-fn check_review<O>(review: ReviewIn<O>) -> Result<AdmissionRequest<O>, ReviewError> {
+fn check_review(review: ReviewIn) -> Result<AdmissionRequest, ReviewError> {
     if review.api_version != API_VERSION || review.kind != "AdmissionReview" {
         return Err(ReviewError::Version {
             api_version: review.api_version,
@@ -138,29 +125,7 @@ fn check_review<O>(review: ReviewIn<O>) -> Result<AdmissionRequest<O>, ReviewErr
 impl AdmissionRequest {
     /// Reads a review body and returns its request, or why the body cannot be answered.
     pub fn from_review_bytes(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
-        read_review(body)
-    }
-
-    /// [`AdmissionRequest::from_review_bytes`] for the mutating decision: the object holds only
-    /// the fields that decision and the admission log read ([`PrunedPod`]), so the decision and
-    /// every error are the same, at a fraction of the allocations. A body the pruned read does not
-    /// take is read whole, so that its error (or its answer) is exactly the whole read's.
-    pub fn for_mutation(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
-        match read_review::<PrunedPod>(body) {
-            Ok(r) => Ok(AdmissionRequest {
-                uid: r.uid,
-                kind: r.kind,
-                sub_resource: r.sub_resource,
-                name: r.name,
-                namespace: r.namespace,
-                operation: r.operation,
-                object: r.object.map(|p| p.0),
-                dry_run: r.dry_run,
-                old_object: r.old_object.map(|p| p.0),
-                user_info: r.user_info,
-            }),
-            Err(_) => read_review(body),
-        }
+        check_review(serde_json::from_slice(body).map_err(ReviewError::Json)?)
     }
 
     /// `metadata.name`, falling back to `metadata.generateName` and then the request's name, for logs.
@@ -176,30 +141,6 @@ impl AdmissionRequest {
                     .or_else(|| m.get("generateName").and_then(Value::as_str))
             });
         from_pod.or(self.name.as_deref()).unwrap_or("")
-    }
-}
-
-impl<'a> AdmissionRequest<PodView<'a>> {
-    /// The fast read of a review for the mutating decision: the pod as a [`PodView`] borrowed
-    /// from `body`. `None` for every body that is not a review of a well-formed pod (and for some
-    /// that are, e.g. with a key repeated): [`AdmissionRequest::for_mutation`] then answers them,
-    /// exactly as it always has. A body read here gets the answer it would get there.
-    pub fn for_mutation_fast(body: &'a [u8]) -> Option<Self> {
-        // One UTF-8 check of the whole body (a vectorised pass) instead of one per string: read
-        // from a `str`, serde_json checks no string's UTF-8 again. A body that is not UTF-8
-        // throughout goes to the other read, which answers it as before (it refuses bad UTF-8
-        // in the strings it reads, not in those the envelope ignores, such as userInfo.groups).
-        let text = std::str::from_utf8(body).ok()?;
-        check_review(serde_json::from_str(text).ok()?).ok()
-    }
-
-    /// [`AdmissionRequest::object_name`] of the view.
-    pub fn object_name(&self) -> &str {
-        self.object
-            .as_ref()
-            .and_then(PodView::name)
-            .or(self.name.as_deref())
-            .unwrap_or("")
     }
 }
 

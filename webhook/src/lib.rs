@@ -9,15 +9,10 @@
 pub mod admission;
 pub mod cli;
 pub mod config;
-#[cfg(test)]
-mod generated_reviews;
-pub mod logbuf;
-pub mod logtime;
 pub mod metrics;
 pub mod mutate;
 pub mod pod;
 pub mod podview;
-pub mod pruned;
 pub mod server;
 pub mod tls;
 pub mod validate;

@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use vgpu_serve::tls::ClientAuth;
 use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
-use vgpu_webhook::logbuf::{BatchedWriter, FlushGuard, FLUSH_EVERY};
-use vgpu_webhook::logtime::CachedUtcTime;
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, health_app, AppState};
 use vgpu_webhook::tls;
@@ -147,13 +145,19 @@ fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
 /// quarter of the throughput when written inline, and a wake-up per line through a channel cost
 /// most of that too). Not lossy: when the buffer is full the request writes it out itself; warnings
 /// and errors are written at once. Keep the guard alive until exit; dropping it writes the rest.
-fn init_logging(format: LogFormat) -> FlushGuard {
+/// tracing-subscriber's formatter and timer, through tracing-appender's non-blocking writer over a
+/// buffered stderr: its worker thread writes whatever lines have queued up and flushes when the
+/// queue is empty, so under load one write carries many lines (one write per line, as stderr
+/// alone does, cost more than the rest of an admission: docs/webhook.md). Not lossy: when the
+/// queue is full, the request waits rather than lose its audit line. The guard flushes at exit.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = BatchedWriter::new(std::io::stderr(), FLUSH_EVERY);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::BufWriter::new(std::io::stderr()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_timer(CachedUtcTime)
         .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -83,7 +83,7 @@ pub fn mutate_pod(pod: &Value, settings: &MutateSettings) -> Result<Mutation, Mu
 }
 
 /// Computes the patch for a pod read as a [`PodView`] (what [`mutate_pod`] does after reading it).
-pub fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutation, MutateError> {
+fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutation, MutateError> {
     let mut wanted = Vec::new();
     for c in &pod.containers {
         if let Some(req) = settings.policy.parse_container(&c.resources)? {

@@ -15,8 +15,7 @@ use std::time::Instant;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, ReviewOut};
 use crate::metrics::{AdmissionLabels, Metrics};
-use crate::mutate::{mutate_pod, mutate_view, MutateError, MutateSettings, Mutation};
-use crate::podview::PodView;
+use crate::mutate::{mutate_pod, MutateError, MutateSettings};
 use crate::validate::{ValidateSettings, Validator};
 
 /// Largest review body accepted: the API server's own request limit is 3 MiB.
@@ -155,14 +154,7 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 
 async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    // Well-formed pods, nearly all of them, are read as a view borrowed from the body; the others
-    // are read as `Value`s and answered as they always were (see `podview`).
-    if let Some(request) = AdmissionRequest::<PodView<'_>>::for_mutation_fast(&body) {
-        let (response, decision) = decide_mutation_view(&request, &state.mutate);
-        let name = request.object_name();
-        return answer_mutation(&state, started, &request, name, response, decision);
-    }
-    let request = match AdmissionRequest::for_mutation(&body) {
+    let request = match AdmissionRequest::from_review_bytes(&body) {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(endpoint = "mutate", decision = "bad-request", error = %e, "admission");
@@ -178,22 +170,14 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         }
     };
     let (response, decision) = decide_mutation(&request, &state.mutate);
-    answer_mutation(
-        &state,
-        started,
-        &request,
-        request.object_name(),
-        response,
-        decision,
-    )
+    answer_mutation(&state, started, &request, response, decision)
 }
 
 /// Counts and logs a mutating decision, and writes its review.
-fn answer_mutation<O>(
+fn answer_mutation(
     state: &AppState,
     started: Instant,
-    request: &AdmissionRequest<O>,
-    name: &str,
+    request: &AdmissionRequest,
     response: AdmissionResponse,
     decision: &'static str,
 ) -> Response {
@@ -213,7 +197,7 @@ fn answer_mutation<O>(
         endpoint = "mutate",
         uid = %request.uid,
         namespace = request.namespace.as_deref().unwrap_or(""),
-        pod = name,
+        pod = request.object_name(),
         decision,
         duration_us = started.elapsed().as_micros() as u64,
         "admission"
@@ -250,21 +234,6 @@ pub fn decide_mutation(
     request: &AdmissionRequest,
     settings: &MutateSettings,
 ) -> (AdmissionResponse, &'static str) {
-    decide(request, |pod| mutate_pod(pod, settings))
-}
-
-/// [`decide_mutation`] for a request read with [`AdmissionRequest::for_mutation_fast`].
-pub fn decide_mutation_view(
-    request: &AdmissionRequest<PodView<'_>>,
-    settings: &MutateSettings,
-) -> (AdmissionResponse, &'static str) {
-    decide(request, |pod| mutate_view(pod, settings))
-}
-
-fn decide<O>(
-    request: &AdmissionRequest<O>,
-    mutate: impl FnOnce(&O) -> Result<Mutation, MutateError>,
-) -> (AdmissionResponse, &'static str) {
     let allow = AdmissionResponse::allow(&request.uid);
     let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
     if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
@@ -276,7 +245,7 @@ fn decide<O>(
             "invalid",
         );
     };
-    match mutate(pod) {
+    match mutate_pod(pod, settings) {
         Ok(m) if !m.vgpu => (allow, "no-vgpu"),
         Ok(m) if m.patch.0.is_empty() => (allow.with_warnings(m.warnings), "unchanged"),
         Ok(m) => (
@@ -298,9 +267,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
-    use base64::Engine as _;
     use http_body_util::BodyExt;
-    use serde_json::Value;
     use tower::ServiceExt;
 
     fn router() -> Router {
@@ -325,63 +292,6 @@ mod tests {
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
             "namespace": "ns", "object": object}}).to_string()
-    }
-
-    /// The fast read on generated reviews (`generated_reviews`): it takes no body the whole
-    /// read refuses, and answers every body it takes as the whole read does. Each patched pod is
-    /// sent again, once as patched (an empty patch) and once slightly edited (in-place fixes).
-    #[test]
-    fn the_fast_read_answers_generated_reviews_as_the_whole_read() {
-        let settings = MutateSettings {
-            runtime_class: Some("vgpu".into()),
-            ..MutateSettings::default()
-        };
-        let whole = |body: &str| match AdmissionRequest::from_review_bytes(body.as_bytes()) {
-            Ok(req) => {
-                let (resp, label) = decide_mutation(&req, &settings);
-                let review = serde_json::to_string(&resp.into_review()).unwrap();
-                Ok((review, label, req.object_name().to_string()))
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        let mut labels = std::collections::BTreeMap::new();
-        let mut check = |body: &str| {
-            let expected = whole(body);
-            if let Some(req) = AdmissionRequest::<PodView<'_>>::for_mutation_fast(body.as_bytes()) {
-                let (resp, label) = decide_mutation_view(&req, &settings);
-                let review = serde_json::to_string(&resp.into_review()).unwrap();
-                *labels.entry(label).or_insert(0) += 1;
-                let fast = Ok((review, label, req.object_name().to_string()));
-                assert_eq!(fast, expected, "{body}");
-            }
-            expected
-        };
-        let mut g = crate::generated_reviews::Gen::new(0x9E37_79B9_7F4A_7C15);
-        for _ in 0..3000 {
-            let pod = g.pod();
-            let body = g.review(&pod);
-            let Ok((review, _, _)) = check(&body) else {
-                continue;
-            };
-            let answer: Value = serde_json::from_str(&review).unwrap();
-            let Some(patch) = answer["response"]["patch"].as_str() else {
-                continue;
-            };
-            let patch = base64::engine::general_purpose::STANDARD
-                .decode(patch)
-                .unwrap();
-            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
-            let mut patched: Value = serde_json::from_str(&pod).unwrap();
-            json_patch::patch(&mut patched, &patch).unwrap();
-            let again = patched.to_string();
-            let _ = check(&g.review(&again));
-            let edited = again.replacen("\"0\"", "\"1\"", 1).replacen("m\"", "\"", 1);
-            let _ = check(&g.review(&edited));
-        }
-        // The fast read took many bodies, of every outcome the mutation has.
-        for label in ["no-vgpu", "patched", "unchanged", "invalid", "skipped"] {
-            assert!(labels.get(label).is_some_and(|&n| n >= 10), "{labels:?}");
-        }
     }
 
     #[tokio::test]
@@ -424,82 +334,78 @@ mod tests {
         );
     }
 
-    /// The two reads `/mutate` uses (the fast one where it takes the body, else the pruned one)
-    /// answer every body exactly as the whole read does.
+    /// Odd bodies and odd pods, each answered by the one read: what each is told.
     #[test]
-    fn the_pruned_and_fast_reads_decide_as_the_whole_read() {
-        let settings = MutateSettings {
-            runtime_class: Some("vgpu".into()),
-            ..MutateSettings::default()
-        };
-        let gpu = json!({"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4Gi"},
-            "requests": {"nvidia.com/gpucores": 30}});
-        let objects = [
-            json!({"metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {"x": "y"}},
-                "spec": {"containers": [{"name": "c", "image": "i", "resources": gpu,
-                    "env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "99"}, {"name": "A", "value": "b"},
-                        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": null}, 4]}],
-                    "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpumem-percentage": "50"}}}],
-                    "schedulerName": "volcano", "runtimeClassName": "other", "volumes": [{"name": "v"}]}}),
-            json!({"metadata": {"generateName": "g-", "labels": {"vgpu.io/managed": "true"},
-                "annotations": {"vgpu.io/injected": "forged"}},
-                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
-            json!({"metadata": "x", "spec": {"containers": [{"name": "c", "resources": gpu}]}}),
-            json!({"spec": {"containers": {"name": "c"}}}),
-            json!({"spec": {"containers": [7]}}),
-            json!({"spec": {"containers": [{"name": 3, "resources": {"limits": [1]}}]}}),
-            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": true}}}]}}),
-            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpucores": "150"}}}]}}),
-            json!({"spec": {"ephemeralContainers": [{"name": "e", "resources": gpu}], "containers": []}}),
-            json!({"spec": "nope"}),
-            json!({"spec": null}),
-            json!(null),
-            json!([1, 2]),
-        ];
-        let mut bodies: Vec<String> = objects.iter().map(|o| review(o.clone())).collect();
-        bodies.push(
-            review(json!({"spec": {"containers": [{"name": "c", "resources": gpu}]}}))
-                .replace("\"Pod\"", "\"Deployment\""),
-        );
-        bodies.push(review(json!({"status": 1e300})).replace("1e300", "1e400"));
-        bodies.push(review(json!({"status": "s"})).replace("\"s\"", "\"\\ud800\""));
-        bodies.push(r#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"u","object":{"spec":{}},"object":{}}}"#.into());
-        bodies.push(
-            r#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":""}}"#
-                .into(),
-        );
-        bodies.push("{not json".into());
-        let answer = |r: Result<AdmissionRequest, crate::admission::ReviewError>| match r {
+    fn odd_shapes_get_an_answer_naming_what_is_wrong() {
+        let settings = MutateSettings::default();
+        let gpu = json!({"limits": {"nvidia.com/gpu": "1"}});
+        let decided = |body: String| match AdmissionRequest::from_review_bytes(body.as_bytes()) {
             Ok(req) => {
                 let (resp, label) = decide_mutation(&req, &settings);
-                Ok((
-                    serde_json::to_string(&resp.into_review()).unwrap(),
-                    label,
-                    req.object_name().to_string(),
-                ))
+                let msg = resp.status.as_ref().map(|s| (s.code, s.message.clone()));
+                Ok((label, msg))
             }
             Err(e) => Err(e.to_string()),
         };
-        let mut fast_reads = 0;
-        for body in &bodies {
-            let whole = answer(AdmissionRequest::from_review_bytes(body.as_bytes()));
-            let pruned = answer(AdmissionRequest::for_mutation(body.as_bytes()));
-            assert_eq!(pruned, whole, "{body}");
-            if let Some(req) = AdmissionRequest::<PodView<'_>>::for_mutation_fast(body.as_bytes()) {
-                fast_reads += 1;
-                let (resp, label) = decide_mutation_view(&req, &settings);
-                let fast = (
-                    serde_json::to_string(&resp.into_review()).unwrap(),
-                    label,
-                    req.object_name().to_string(),
-                );
-                assert_eq!(Ok(fast), whole, "{body}");
+        // (object, decision, denial code and a word its message must contain)
+        type Case = (serde_json::Value, &'static str, Option<(u16, &'static str)>);
+        let cases: Vec<Case> = vec![
+            (
+                json!({"metadata": "x", "spec": {"containers": [{"name": "c", "resources": gpu}]}}),
+                "patched",
+                None,
+            ),
+            (
+                json!({"spec": {"containers": {"name": "c"}}}),
+                "invalid",
+                Some((400, "spec.containers")),
+            ),
+            (
+                json!({"spec": {"containers": [7]}}),
+                "invalid",
+                Some((400, "spec.containers[0]")),
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": true}}}]}}),
+                "invalid",
+                Some((400, "nvidia.com/gpu")),
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpucores": "150"}}}]}}),
+                "invalid",
+                Some((422, "nvidia.com/gpucores")),
+            ),
+            (
+                json!({"spec": {"ephemeralContainers": [{"name": "e", "resources": gpu}], "containers": []}}),
+                "invalid",
+                Some((422, "ephemeral")),
+            ),
+            (json!({"spec": "nope"}), "invalid", Some((400, "spec"))),
+            (json!({"spec": null}), "no-vgpu", None),
+            (json!(null), "invalid", Some((400, "request.object"))),
+            (json!([1, 2]), "no-vgpu", None),
+        ];
+        for (object, label, status) in cases {
+            let got = decided(review(object.clone())).unwrap_or_else(|e| panic!("{object}: {e}"));
+            assert_eq!(got.0, label, "{object}: {got:?}");
+            match (status, got.1) {
+                (None, None) => {}
+                (Some((code, field)), Some((c, m))) => {
+                    assert_eq!(c, code, "{object}: {m}");
+                    assert!(m.contains(field), "{object}: {m} does not name {field}");
+                }
+                (want, got) => panic!("{object}: status {want:?} vs {got:?}"),
             }
         }
-        // The well-formed ones: the first two pods, the non-Pod kind, the empty spec, no spec.
-        assert!(fast_reads >= 5, "{fast_reads}");
-        let example = include_bytes!("../../examples/admission-review.json");
-        assert!(AdmissionRequest::<PodView<'_>>::for_mutation_fast(example).is_some());
+        // Not a review: the error says why.
+        for (body, why) in [
+            ("{not json".to_string(), "body is not an AdmissionReview"),
+            (r#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":""}}"#.into(), "request.uid is missing"),
+            (review(json!({"status": 1})).replace("\"status\":1", "\"status\":1e400"), "body is not an AdmissionReview"),
+        ] {
+            let e = decided(body.clone()).expect_err(&body);
+            assert!(e.contains(why), "{body}: {e}");
+        }
     }
 
     #[tokio::test]

@@ -31,8 +31,7 @@ use vgpu_scheduler::server::{AppState as SchedulerState, Settings as SchedulerSe
 use vgpu_webhook::admission::{AdmissionRequest, AdmissionResponse};
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::mutate::{mutate_pod, MutateSettings};
-use vgpu_webhook::podview::PodView;
-use vgpu_webhook::server::{decide_mutation, decide_mutation_view};
+use vgpu_webhook::server::decide_mutation;
 use vgpu_webhook::validate::cache::{cached_pod, node_largest_card, ClusterCache};
 use vgpu_webhook::validate::ledger::{Ledger, Reservation};
 use vgpu_webhook::validate::quota::Quota;
@@ -194,28 +193,14 @@ pub fn codecs(data: &[u8]) {
 }
 
 /// The mutating webhook: any body gives a 400 (not a review) or a review answer for the same
-/// uid; where the fast read (a view borrowed from the body) takes a body, its answer is the whole
-/// read's; a patch is base64 JSON Patch that applies to the pod (the API server refuses the pod
+/// uid; a patch is base64 JSON Patch that applies to the pod (the API server refuses the pod
 /// otherwise), and mutating the patched pod again changes nothing (reinvocation, second replica).
 pub fn admission_mutate(data: &[u8]) {
-    let fast = AdmissionRequest::<PodView<'_>>::for_mutation_fast(data);
     let Ok(request) = AdmissionRequest::from_review_bytes(data) else {
-        assert!(
-            fast.is_none(),
-            "the fast read takes a body the whole read refuses"
-        );
         return;
     };
     let settings = MutateSettings::default();
     let (response, label) = decide_mutation(&request, &settings);
-    if let Some(fast) = fast {
-        let (fast_response, fast_label) = decide_mutation_view(&fast, &settings);
-        assert_eq!(
-            (&fast_response, fast_label, fast.object_name()),
-            (&response, label, request.object_name()),
-            "the fast read answers otherwise than the whole read"
-        );
-    }
     check_response(&request, &response);
     assert!(
         ["skipped", "invalid", "no-vgpu", "unchanged", "patched"].contains(&label),
