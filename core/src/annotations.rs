@@ -28,6 +28,10 @@ pub const ALLOCATED: &str = "vgpu.io/allocated";
 pub const NODE_DEVICES: &str = "vgpu.io/node-devices";
 /// Node annotation with the device plugin's last heartbeat (RFC 3339).
 pub const NODE_HEARTBEAT: &str = "vgpu.io/node-heartbeat";
+/// Node annotation naming GPUs that take no new pods (HAMi's `hami.io/device-cordon`, v2.10
+/// `pkg/device/nvidia/device.go` `DeviceCordonAnnotation`: a comma list of GPU UUIDs; pods
+/// already on them keep running).
+pub const DEVICE_CORDON: &str = "hami.io/device-cordon";
 /// Annotations only vgpu may set; a pod that sets them at CREATE is refused by the validating webhook.
 pub const RESERVED_POD_ANNOTATIONS: &[&str] = &[ASSIGNMENT, ALLOCATED];
 

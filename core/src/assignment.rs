@@ -42,6 +42,10 @@ pub struct DeviceSlice {
     pub memory_mib: u64,
     /// SM percentage, 0 = unlimited.
     pub cores: u32,
+    /// Whether the pod holds this GPU alone (`hami.io/gpu-scheduler-policy: mutex`): nothing
+    /// else is placed on the GPU while the slice exists. Absent (false) in what 0.1 wrote.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
 }
 
 impl PodAssignment {
@@ -85,6 +89,15 @@ mod tests {
     }
 
     #[test]
+    fn exclusive_slices_say_so_and_others_read_as_before() {
+        let mut a = PodAssignment::decode(V1).unwrap();
+        a.containers[0].devices[0].exclusive = true;
+        let text = a.encode();
+        assert!(text.contains(r#""cores":30,"exclusive":true}"#), "{text}");
+        assert_eq!(PodAssignment::decode(&text).unwrap(), a);
+    }
+
+    #[test]
     fn refuses_newer_version_and_garbage() {
         assert!(matches!(
             PodAssignment::decode(r#"{"version":2,"node":"n","containers":[]}"#),
@@ -99,13 +112,13 @@ mod tests {
         #[test]
         fn any_assignment_round_trips(node in "\\PC{0,12}", containers in proptest::collection::vec(
             ("\\PC{0,8}", proptest::collection::vec(
-                ("\\PC{0,12}", proptest::num::u64::ANY, proptest::num::u32::ANY), 0..4)),
+                ("\\PC{0,12}", proptest::num::u64::ANY, proptest::num::u32::ANY, proptest::bool::ANY), 0..4)),
             0..4)) {
             let a = PodAssignment::new(node, containers.into_iter().map(|(name, devices)| {
                 ContainerAssignment {
                     name,
-                    devices: devices.into_iter().map(|(uuid, memory_mib, cores)| DeviceSlice {
-                        uuid, memory_mib, cores,
+                    devices: devices.into_iter().map(|(uuid, memory_mib, cores, exclusive)| DeviceSlice {
+                        uuid, memory_mib, cores, exclusive,
                     }).collect(),
                 }
             }).collect());

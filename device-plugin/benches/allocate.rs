@@ -45,6 +45,7 @@ fn pod(i: usize) -> PodEntry {
                     uuid: uuid(g),
                     memory_mib: 4096,
                     cores: 25,
+                    exclusive: false,
                 }],
             }],
         )),

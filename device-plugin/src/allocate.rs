@@ -134,11 +134,13 @@ mod tests {
                     uuid: "GPU-a".into(),
                     memory_mib: 4096,
                     cores: 30,
+                    exclusive: false,
                 },
                 DeviceSlice {
                     uuid: "GPU-b".into(),
                     memory_mib: 2048,
                     cores: 0,
+                    exclusive: false,
                 },
             ],
         };

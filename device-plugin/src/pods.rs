@@ -303,6 +303,7 @@ mod tests {
                                 uuid: u.to_string(),
                                 memory_mib: 1024,
                                 cores: 10,
+                                exclusive: false,
                             })
                             .collect(),
                     })

@@ -58,6 +58,7 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
                 &name,
                 Some(&NodeInventory::new(devices).encode()),
                 Some(&hb),
+                None,
             );
             for i in 0..GPUS {
                 x ^= x << 13;
@@ -76,6 +77,7 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
                             uuid: format!("GPU-{n}-{i}"),
                             memory_mib: used,
                             cores: (x % 60) as u32,
+                            exclusive: false,
                         }],
                     }],
                 );

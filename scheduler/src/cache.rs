@@ -21,7 +21,7 @@ use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
 use vgpu_core::placement::frag::LiveFrag;
 use vgpu_core::placement::{
-    self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NodeGpus, PlaceBuf, PodRequest,
+    self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NameList, NodeGpus, PlaceBuf, PodRequest,
 };
 
 use crate::dense::{self, Dense};
@@ -88,6 +88,8 @@ enum Heartbeat {
 struct NodeEntry {
     inventory: Inventory,
     heartbeat: Heartbeat,
+    /// GPUs the node's `hami.io/device-cordon` names.
+    cordon: NameList,
     /// Devices with usage counted, rebuilt on every change to the node or its pods.
     gpus: NodeGpus,
     /// UIDs of pods placed here.
@@ -99,6 +101,7 @@ impl NodeEntry {
         NodeEntry {
             inventory: Inventory::Unseen,
             heartbeat: Heartbeat::Missing,
+            cordon: NameList::default(),
             gpus: NodeGpus::default(),
             pods: HashSet::new(),
         }
@@ -575,11 +578,19 @@ impl Cluster {
                 gpus.add_all(&p.containers);
             }
         }
+        gpus.cordon(&entry.cordon);
         entry.gpus = gpus;
     }
 
-    /// Adds or updates a node from its annotations (`vgpu.io/node-devices`, `vgpu.io/node-heartbeat`).
-    pub fn apply_node(&mut self, name: &str, inventory: Option<&str>, heartbeat: Option<&str>) {
+    /// Adds or updates a node from its annotations (`vgpu.io/node-devices`, `vgpu.io/node-heartbeat`,
+    /// `hami.io/device-cordon`).
+    pub fn apply_node(
+        &mut self,
+        name: &str,
+        inventory: Option<&str>,
+        heartbeat: Option<&str>,
+        cordon: Option<&str>,
+    ) {
         let inv = match inventory.map(NodeInventory::decode) {
             None => Inventory::Missing,
             Some(Ok(i)) => Inventory::Devices(i.devices),
@@ -594,9 +605,11 @@ impl Cluster {
             .nodes
             .entry(name.to_string())
             .or_insert_with(NodeEntry::unseen);
-        let changed = entry.inventory != inv;
+        let cordon = cordon.map(NameList::parse).unwrap_or_default();
+        let changed = entry.inventory != inv || entry.cordon != cordon;
         entry.inventory = inv;
         entry.heartbeat = hb;
+        entry.cordon = cordon;
         if changed {
             self.rebuild_entry(name);
         }
@@ -959,7 +972,7 @@ mod tests {
     fn cluster() -> Cluster {
         let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
         let hb = format_rfc3339(NOW - 10);
-        c.apply_node("n1", Some(&inventory(&[("GPU-a", 8192)])), Some(&hb));
+        c.apply_node("n1", Some(&inventory(&[("GPU-a", 8192)])), Some(&hb), None);
         c
     }
 
@@ -983,6 +996,7 @@ mod tests {
                     uuid: uuid.into(),
                     memory_mib: m,
                     cores: 0,
+                    exclusive: false,
                 }],
             }],
         )
@@ -996,17 +1010,17 @@ mod tests {
             c.check("n1", &mib(1), NOW + 100).unwrap_err(),
             "n1: device-plugin heartbeat is 110s old (limit 60s)"
         );
-        c.apply_node("n2", None, None);
+        c.apply_node("n2", None, None, None);
         assert!(c
             .check("n2", &mib(1), NOW)
             .unwrap_err()
             .starts_with("n2: no vGPU inventory (annotation vgpu.io/node-devices missing"));
-        c.apply_node("n3", Some(&inventory(&[("GPU-x", 1)])), None);
+        c.apply_node("n3", Some(&inventory(&[("GPU-x", 1)])), None, None);
         assert_eq!(
             c.check("n3", &mib(1), NOW).unwrap_err(),
             "n3: no device-plugin heartbeat (annotation vgpu.io/node-heartbeat)"
         );
-        c.apply_node("n4", Some("{"), None);
+        c.apply_node("n4", Some("{"), None, None);
         assert!(c
             .check("n4", &mib(1), NOW)
             .unwrap_err()
@@ -1023,6 +1037,32 @@ mod tests {
                 no_inventory: 2
             }
         );
+    }
+
+    #[test]
+    fn cordoned_gpus_refuse_new_pods_and_keep_theirs_counted() {
+        let mut c = cluster();
+        c.apply_pod(
+            "u1",
+            Some("n1"),
+            Some(assignment("n1", "GPU-a", 4096)),
+            false,
+        );
+        let hb = format_rfc3339(NOW - 10);
+        let inv = inventory(&[("GPU-a", 8192)]);
+        c.apply_node("n1", Some(&inv), Some(&hb), Some("gpu-a"));
+        assert_eq!(
+            c.check("n1", &mib(1), NOW).unwrap_err(),
+            "n1: no GPU not cordoned (node annotation hami.io/device-cordon)"
+        );
+        assert_eq!(
+            c.scorer(&mib(1), NOW).score("n1").unwrap_err(),
+            "n1: no GPU not cordoned (node annotation hami.io/device-cordon)"
+        );
+        // Lifted: the running pod's 4096 MiB were counted all along.
+        c.apply_node("n1", Some(&inv), Some(&hb), Some(" "));
+        assert!(c.check("n1", &mib(4096), NOW).is_ok());
+        assert!(c.check("n1", &mib(4097), NOW).is_err());
     }
 
     #[test]
@@ -1060,6 +1100,7 @@ mod tests {
             "n9",
             Some(&inventory(&[("GPU-z", 8192)])),
             Some(&format_rfc3339(NOW)),
+            None,
         );
         assert!(c.check("n9", &mib(1024), NOW).is_err());
         assert_eq!(c.placed_pods(), 1);
@@ -1106,7 +1147,7 @@ mod tests {
         let hb = format_rfc3339(NOW);
         let gpus: Vec<(String, u64)> = (0..40).map(|i| (format!("GPU-{i}"), 10000)).collect();
         let gpu_refs: Vec<(&str, u64)> = gpus.iter().map(|(u, m)| (u.as_str(), *m)).collect();
-        c.apply_node("n1", Some(&inventory(&gpu_refs)), Some(&hb));
+        c.apply_node("n1", Some(&inventory(&gpu_refs)), Some(&hb), None);
         let place = |c: &mut Cluster, i: usize, mib: u64| {
             c.apply_pod(
                 &format!("u{i}"),
@@ -1144,6 +1185,7 @@ mod tests {
             "n1",
             Some(&inventory(&[("GPU-a", 10000), ("GPU-b", 10000)])),
             Some(&hb),
+            None,
         );
         assert!(c.typical_pods().is_none());
         // The placed pods: 40 % and 50 % of a card.
@@ -1256,7 +1298,7 @@ mod tests {
                 _ => Some(format_rfc3339(NOW - 5)),
             };
             let inv = (n % 13 != 0).then(|| NodeInventory::new(devices.clone()).encode());
-            c.apply_node(&name, inv.as_deref(), hb.as_deref());
+            c.apply_node(&name, inv.as_deref(), hb.as_deref(), None);
             for (i, d) in devices.iter().enumerate() {
                 if next() % 3 == 0 {
                     continue;
@@ -1272,6 +1314,7 @@ mod tests {
                                 uuid: d.uuid.clone(),
                                 memory_mib: next() % d.memory_mib,
                                 cores: [0, 10, 50, 100][next() as usize % 4],
+                                exclusive: false,
                             }],
                         }],
                     )),
@@ -1288,6 +1331,7 @@ mod tests {
                 ("GPU-x3", 4096),
             ])),
             Some(&format_rfc3339(NOW)),
+            None,
         );
         c.delete_node("n3");
         c.delete_node("n4");

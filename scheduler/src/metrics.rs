@@ -270,6 +270,7 @@ mod tests {
             "n1",
             Some(&inv.encode()),
             Some(&vgpu_core::time::format_rfc3339(100)),
+            None,
         );
         m.refresh(&c, 100);
         let readiness = Readiness::default();

@@ -799,7 +799,7 @@ mod tests {
                 healthy: true,
                 vendor: String::new(),
             }]);
-            write(&s.cluster).apply_node(node, Some(&inv.encode()), Some(&now));
+            write(&s.cluster).apply_node(node, Some(&inv.encode()), Some(&now), None);
         }
         Arc::new(s)
     }
@@ -992,9 +992,14 @@ mod tests {
         for n in 0..6 {
             let uuids: Vec<String> = (0..3).map(|i| format!("GPU-{n}-{i}")).collect();
             let gpus: Vec<(&str, u64)> = uuids.iter().map(|u| (u.as_str(), 24576)).collect();
-            write(&s.cluster).apply_node(&format!("n{n}"), Some(&inventory(&gpus)), Some(&hb));
+            write(&s.cluster).apply_node(
+                &format!("n{n}"),
+                Some(&inventory(&gpus)),
+                Some(&hb),
+                None,
+            );
         }
-        write(&s.cluster).apply_node("bare", None, Some(&hb));
+        write(&s.cluster).apply_node("bare", None, Some(&hb), None);
         let names = json!([
             "n0",
             "n1",
@@ -1103,6 +1108,7 @@ mod tests {
                         uuid: "GPU-big".into(),
                         memory_mib: 8192,
                         cores: 0,
+                        exclusive: false,
                     }],
                 }],
             )),
@@ -1141,6 +1147,7 @@ mod tests {
                         uuid: uuid.to_string(),
                         memory_mib: mib,
                         cores,
+                        exclusive: false,
                     }],
                 }],
             )),
@@ -1159,7 +1166,12 @@ mod tests {
         let hb = vgpu_core::time::format_rfc3339(unix_now());
         for (node, used) in [("roomy", 0u32), ("tight", used)] {
             let uuid = format!("GPU-{node}");
-            write(&s.cluster).apply_node(node, Some(&inventory(&[(&uuid, 10000)])), Some(&hb));
+            write(&s.cluster).apply_node(
+                node,
+                Some(&inventory(&[(&uuid, 10000)])),
+                Some(&hb),
+                None,
+            );
             if used > 0 {
                 place_slice(&s, node, &uuid, u64::from(used) * 100, used);
             }
@@ -1198,7 +1210,7 @@ mod tests {
             for node in ["n-b", "n-a", "n-used", "n-full"] {
                 let uuid = format!("GPU-{node}");
                 let inv = inventory(&[(&uuid, 10000)]);
-                write(&s.cluster).apply_node(node, Some(&inv), Some(&hb));
+                write(&s.cluster).apply_node(node, Some(&inv), Some(&hb), None);
                 let used = match node {
                     "n-used" => 4000,
                     "n-full" => 9000,

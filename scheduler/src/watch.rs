@@ -1,5 +1,5 @@
-//! Watches that feed the cache: node metadata (the inventory and heartbeat annotations live
-//! there, so the lighter metadata watch suffices) and the vGPU pods, selected by the label the
+//! Watches that feed the cache: node metadata (the inventory, heartbeat and GPU cordon
+//! annotations live there, so the lighter metadata watch suffices) and the vGPU pods, selected by the label the
 //! mutating webhook stamps on them.
 //!
 //! kube-runtime's watcher lists, then watches from the list's resourceVersion, re-lists on 410
@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vgpu_core::annotations::{MANAGED_SELECTOR, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::annotations::{DEVICE_CORDON, MANAGED_SELECTOR, NODE_DEVICES, NODE_HEARTBEAT};
 
 use crate::pod;
 use crate::readiness::Feed;
@@ -71,7 +71,12 @@ fn apply_node(s: &AppState, meta: &kube::api::ObjectMeta) -> Option<String> {
     let name = meta.name.clone()?;
     let ann = meta.annotations.as_ref();
     let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
-    write(s).apply_node(&name, get(NODE_DEVICES), get(NODE_HEARTBEAT));
+    write(s).apply_node(
+        &name,
+        get(NODE_DEVICES),
+        get(NODE_HEARTBEAT),
+        get(DEVICE_CORDON),
+    );
     Some(name)
 }
 

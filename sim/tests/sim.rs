@@ -266,6 +266,7 @@ fn live_policies_score_as_the_extender() {
                     uuid: format!("GPU-{i}"),
                     memory_mib: u64::from(used),
                     cores: used / 10,
+                    exclusive: false,
                 });
             }
         }

@@ -1,5 +1,5 @@
 //! The user's journey through a real cluster: mutate, quota, place, allocate, run capped, Pending
-//! reasons, deletes that free, and pods vgpu must leave alone.
+//! reasons, deletes that free, pods vgpu must leave alone, and HAMi's GPU cordon and mutex policy.
 
 use crate::image::PROBE_IMAGE;
 use crate::kube::{Cluster, WAIT};
@@ -133,6 +133,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         self.step3_too_large_stays_pending_with_a_reason();
         self.step4_deletes_free_the_gpu_and_the_quota(&a);
         self.step5_other_pods_are_untouched();
+        self.step6_hami_cordon_and_mutex();
     }
 
     /// Step 1: a vGPU pod in a labelled namespace is mutated, placed through the extender,
@@ -482,6 +483,84 @@ impl<'p, 'c> Journey<'p, 'c> {
         );
 
         c.delete(&["pod", "elsewhere", "-n", NS_PLAIN]);
+    }
+
+    /// Step 6: HAMi's node annotation `hami.io/device-cordon` keeps new pods off the GPU (Pending,
+    /// the reason names the cordon) until it is lifted; `hami.io/gpu-scheduler-policy: mutex`
+    /// waits for an idle GPU, and nothing joins it while the mutex pod lives.
+    fn step6_hami_cordon_and_mutex(&mut self) {
+        let step = "step 6 (cordon and mutex)";
+        let c = self.cluster();
+        let node = format!("node/{}", c.node);
+        let pending_because = |name: &str, why: &str| {
+            let describe = vgpu_tests::wait_for(
+                WAIT,
+                &format!("{step}: {name} Pending because {why:?}"),
+                || {
+                    let d = c.kubectl(&["describe", "pod", name, "-n", NS_FREE]).ok()?;
+                    (d.contains("FailedScheduling") && d.contains(why)).then_some(d)
+                },
+            );
+            let pod = c.pod(NS_FREE, name).unwrap_or_default();
+            assert!(
+                pod["spec"]["nodeName"].is_null(),
+                "{step}: {name} placed: {describe}"
+            );
+            if let Some(line) = describe.lines().find(|l| l.contains(why)) {
+                crate::report(&format!("{name}: {}", line.trim()));
+            }
+        };
+        let annotate = |value: &str| {
+            c.kubectl(&["annotate", "--overwrite", &node, value])
+                .unwrap_or_else(|e| panic!("{step}: kubectl annotate {value}: {e}"));
+        };
+        let create = |name: &str, mutex: bool| {
+            let mut pod = slice_pod(name, 1024, 10);
+            if mutex {
+                pod["metadata"]["annotations"] =
+                    json!({vgpu_core::annotations::GPU_POLICY: "binpack,mutex"});
+            }
+            c.create_in(NS_FREE, pod)
+                .unwrap_or_else(|e| panic!("{step}: {name}: {e}"));
+        };
+        annotate(&format!(
+            "{}={GPU_UUID}",
+            vgpu_core::annotations::DEVICE_CORDON
+        ));
+        create("cordoned", false);
+        pending_because(
+            "cordoned",
+            "not cordoned (node annotation hami.io/device-cordon)",
+        );
+        annotate(&format!("{}-", vgpu_core::annotations::DEVICE_CORDON));
+        c.wait_running(NS_FREE, "cordoned", step);
+
+        create("mutex", true);
+        pending_because(
+            "mutex",
+            "no GPU idle (the mutex policy needs a GPU nothing else uses)",
+        );
+        c.delete(&["pod", "cordoned", "-n", NS_FREE]);
+        let pod = c.wait_running(NS_FREE, "mutex", step);
+        let a = PodAssignment::decode(
+            pod["metadata"]["annotations"][ASSIGNMENT]
+                .as_str()
+                .unwrap_or(""),
+        )
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let slice = &a.containers[0].devices[0];
+        assert!(
+            slice.exclusive && slice.cores == 10,
+            "{step}: the mutex pod's slice: {slice:?}"
+        );
+        create("joins", false);
+        pending_because(
+            "joins",
+            "no GPU free of an exclusive pod (gpucores 100 or mutex)",
+        );
+        c.delete(&["pod", "mutex", "-n", NS_FREE]);
+        c.wait_running(NS_FREE, "joins", step);
+        c.delete(&["pod", "joins", "-n", NS_FREE]);
     }
 }
 

@@ -241,6 +241,7 @@ fn assignment(containers: &[(&str, &[Slice<'_>])]) -> PodAssignment {
                         uuid: u.to_string(),
                         memory_mib: *m,
                         cores: *c,
+                        exclusive: false,
                     })
                     .collect(),
             })

@@ -373,6 +373,7 @@ async fn device_plugin_serves_while_node_patches_fail_and_catches_up() {
                 uuid: GPU.into(),
                 memory_mib: 4096,
                 cores: 30,
+                exclusive: false,
             }],
         }],
     );

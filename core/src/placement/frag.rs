@@ -319,7 +319,7 @@ pub fn single_gpu_waste(mix: &[(u32, f64)]) -> Vec<f64> {
 /// rather than one milli-GPU number, and CPU is left to kube-scheduler's own `NodeResourcesFit`.
 ///
 /// A GPU's free milli-GPU is the smaller of its free memory and free cores, per mille of the card
-/// (0 when it is unhealthy, at its split count or held exclusively); a pod's milli-GPU per GPU is
+/// (0 when it is unhealthy, cordoned, at its split count or held exclusively); a pod's milli-GPU per GPU is
 /// the larger of its memory and cores shares. Typical pods keep only their GPU shape: the CPU term
 /// of [`FragTable`] is dropped (every pod "fits" by CPU) and so are model lists.
 #[derive(Clone, Debug, Default)]
@@ -406,7 +406,7 @@ impl LiveFrag {
     }
 
     fn left_of(g: &GpuHot, s: &Scratch) -> u32 {
-        if !g.usable || s.exclusive || s.slices >= g.split {
+        if !g.usable || g.cordoned || s.exclusive || s.slices >= g.split {
             return 0;
         }
         let mem = 1000 - permille(s.used_mib, g.memory_mib, g.mem_scale);

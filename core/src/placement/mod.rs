@@ -5,13 +5,17 @@
 //! A container asking for `n` vGPUs gets `n` distinct GPUs of the node, each with
 //!
 //! - a healthy device of the NVIDIA vendor type,
+//! - not cordoned: the node annotation `hami.io/device-cordon` (HAMi's: a comma list of GPU
+//!   UUIDs) keeps new pods off the GPUs it names; pods already there keep running,
 //! - a model allowed by `nvidia.com/use-gputype` and not refused by `nvidia.com/nouse-gputype`
 //!   (comma lists; an entry matches when the model contains it, ignoring case, as HAMi's `checkType`),
 //! - a UUID allowed by `nvidia.com/use-gpuuuid` and not refused by `nvidia.com/nouse-gpuuuid`
 //!   (comma lists of exact UUIDs, ignoring case),
 //! - fewer slices in use than the device's split count,
 //! - the requested gpucores free (0 asks for no share; 100 asks for the card alone, so the card must
-//!   hold no slice at all, and nothing else may join it afterwards),
+//!   hold no slice at all, and nothing else may join it afterwards; a pod whose
+//!   `hami.io/gpu-scheduler-policy` lists `mutex` holds each of its GPUs alone the same way,
+//!   with only the cores it asks for),
 //! - the requested gpumem free (a percentage resolves against that card's memory).
 //!
 //! Containers of one pod are placed in order and see each other's slices, so two containers may
@@ -20,7 +24,9 @@
 //! Policies (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`, HAMi-compatible):
 //! `binpack` fills the most used GPUs (and nodes) first, `spread` the least used; with a table of
 //! typical pods, `fragmentation` (FGD, [`frag`]) and `gap-aware` (FGD plus LP-priced gaps,
-//! [`gaps`]) score what the typical pods could still use after the move.
+//! [`gaps`]) score what the typical pods could still use after the move. The GPU policy is a
+//! comma list as in HAMi v2.10 (`binpack,mutex`): its first ordering policy orders the GPUs (the
+//! scheduler's default when it names none), `mutex` adds the rule above ([`GpuPolicy`]).
 
 pub mod frag;
 pub mod gaps;
@@ -32,6 +38,9 @@ use thiserror::Error;
 use crate::annotations::{
     GPU_POLICY, NODE_POLICY, NOUSE_GPU_TYPE, NOUSE_GPU_UUID, USE_GPU_TYPE, USE_GPU_UUID,
 };
+
+/// The word of `hami.io/gpu-scheduler-policy` that asks for GPUs nothing else uses.
+pub const MUTEX: &str = "mutex";
 use crate::assignment::{ContainerAssignment, DeviceSlice};
 use crate::inventory::DeviceInfo;
 use crate::request::VgpuRequest;
@@ -146,8 +155,10 @@ pub struct Gpu {
     pub used_cores: u32,
     /// Slices already placed.
     pub slices: u32,
-    /// Whether a slice holds the card exclusively (gpucores 100).
+    /// Whether a slice holds the card exclusively (gpucores 100, or a `mutex` pod's).
     pub exclusive: bool,
+    /// Whether the node's `hami.io/device-cordon` names it: no new slice goes here.
+    pub cordoned: bool,
 }
 
 impl Gpu {
@@ -170,6 +181,7 @@ impl Gpu {
             used_cores: 0,
             slices: 0,
             exclusive: false,
+            cordoned: false,
         }
     }
 
@@ -183,7 +195,7 @@ impl Gpu {
         self.used_mib = self.used_mib.saturating_add(s.memory_mib);
         self.used_cores = self.used_cores.saturating_add(s.cores);
         self.slices = self.slices.saturating_add(1);
-        self.exclusive |= s.cores >= EXCLUSIVE_CORES;
+        self.exclusive |= s.exclusive || s.cores >= EXCLUSIVE_CORES;
     }
 
     /// Device memory still free, MiB.
@@ -212,6 +224,7 @@ impl Gpu {
             model_key: self.model_first as u32,
             usable: self.usable,
             exclusive: self.exclusive,
+            cordoned: self.cordoned,
             use_now: 0,
         };
         h.use_now = h.use_permille(h.used_mib, h.used_cores) as u32;
@@ -237,6 +250,7 @@ pub struct GpuHot {
     model_key: u32,
     usable: bool,
     exclusive: bool,
+    cordoned: bool,
     /// `use_permille(used_mib, used_cores)`, computed once when the record is made: the node score
     /// sums it over the GPUs placement did not touch (most of them) instead of recomputing it.
     use_now: u32,
@@ -376,6 +390,13 @@ impl NodeGpus {
         }
     }
 
+    /// Marks the GPUs whose UUID the list names (ignoring case) as cordoned, the others not.
+    pub fn cordon(&mut self, uuids: &NameList) {
+        for g in &mut self.gpus {
+            g.cordoned = uuids.any_equal(&g.uuid);
+        }
+    }
+
     /// Counts every slice of a pod's assignment.
     pub fn add_all<'a>(&mut self, containers: impl IntoIterator<Item = &'a ContainerAssignment>) {
         for c in containers {
@@ -479,18 +500,58 @@ pub struct PodRequest {
     pub filter: GpuFilter,
     /// Node policy.
     pub node_policy: Policy,
-    /// GPU policy.
+    /// GPU policy: how GPUs are ordered.
     pub gpu_policy: Policy,
+    /// Whether the GPU policy lists `mutex`: each GPU the pod gets holds nothing else.
+    pub mutex: bool,
 }
 
 /// An annotation holding a policy name we do not know.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("annotation {annotation}: {value:?} is not one of {}", Policy::NAMES)]
+#[error("annotation {annotation}: {word:?} is not one of {known}")]
 pub struct PolicyError {
     /// The annotation key.
     pub annotation: &'static str,
-    /// Its value.
-    pub value: String,
+    /// The word we do not know (the whole value for the node policy).
+    pub word: String,
+    /// The words the annotation takes.
+    pub known: &'static str,
+}
+
+/// What `hami.io/gpu-scheduler-policy` says: a comma list as HAMi v2.10 reads it
+/// (`pkg/scheduler/policy/gpu_policy.go` `gpuSortKeyChain`, `pkg/util/util.go` `PolicyContains`):
+/// the first ordering policy orders the GPUs (HAMi breaks its ties with the later ones, we by
+/// GPU index), `mutex` asks for GPUs nothing else uses. HAMi's `topology-aware` and `numa` are
+/// not known yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuPolicy {
+    /// The ordering policy, if the list names one.
+    pub order: Option<Policy>,
+    /// Whether the list has `mutex`.
+    pub mutex: bool,
+}
+
+impl GpuPolicy {
+    /// Every word the GPU policy takes, for messages.
+    pub const NAMES: &'static str = "binpack, spread, fragmentation, gap-aware, mutex";
+
+    /// Reads a comma list (words case-insensitive, spaces and empty entries ignored); the
+    /// unknown word on error.
+    pub fn parse(s: &str) -> Result<GpuPolicy, String> {
+        let mut p = GpuPolicy {
+            order: None,
+            mutex: false,
+        };
+        for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            if word.eq_ignore_ascii_case(MUTEX) {
+                p.mutex = true;
+            } else {
+                let order = Policy::parse(word).ok_or_else(|| word.to_string())?;
+                p.order.get_or_insert(order);
+            }
+        }
+        Ok(p)
+    }
 }
 
 impl PodRequest {
@@ -503,14 +564,22 @@ impl PodRequest {
         default_gpu: Policy,
     ) -> Result<PodRequest, PolicyError> {
         let list = |key| annotation(key).map(NameList::parse).unwrap_or_default();
-        let policy = |key: &'static str, default| match annotation(key) {
-            None => Ok(default),
-            Some(v) if v.trim().is_empty() => Ok(default),
+        let node_policy = match annotation(NODE_POLICY) {
+            None => default_node,
+            Some(v) if v.trim().is_empty() => default_node,
             Some(v) => Policy::parse(v).ok_or_else(|| PolicyError {
-                annotation: key,
-                value: v.to_string(),
-            }),
+                annotation: NODE_POLICY,
+                word: v.to_string(),
+                known: Policy::NAMES,
+            })?,
         };
+        let gpu = GpuPolicy::parse(annotation(GPU_POLICY).unwrap_or_default()).map_err(|word| {
+            PolicyError {
+                annotation: GPU_POLICY,
+                word,
+                known: GpuPolicy::NAMES,
+            }
+        })?;
         Ok(PodRequest {
             containers,
             filter: GpuFilter {
@@ -519,8 +588,9 @@ impl PodRequest {
                 use_uuids: list(USE_GPU_UUID),
                 nouse_uuids: list(NOUSE_GPU_UUID),
             },
-            node_policy: policy(NODE_POLICY, default_node)?,
-            gpu_policy: policy(GPU_POLICY, default_gpu)?,
+            node_policy,
+            gpu_policy: gpu.order.unwrap_or(default_gpu),
+            mutex: gpu.mutex,
         })
     }
 
@@ -531,6 +601,7 @@ impl PodRequest {
             filter: GpuFilter::default(),
             node_policy: Policy::Binpack,
             gpu_policy: Policy::Spread,
+            mutex: false,
         }
     }
 }
@@ -545,6 +616,11 @@ pub enum UnfitReason {
     Unhealthy {
         /// Usable GPUs.
         usable: usize,
+    },
+    /// Too few GPUs that `hami.io/device-cordon` does not name.
+    Cordoned {
+        /// GPUs left.
+        left: usize,
     },
     /// Too few GPUs of an allowed type.
     Type {
@@ -573,6 +649,8 @@ pub enum UnfitReason {
         left: usize,
         /// Whether the container itself asks for exclusivity.
         wants_exclusive: bool,
+        /// Whether it does so by the `mutex` policy (else by gpucores 100).
+        mutex: bool,
     },
     /// Too few GPUs with the requested cores free.
     Cores {
@@ -651,18 +729,14 @@ impl fmt::Display for Unfit {
                 lead(f, &what, *left)?;
                 write!(f, " (node has {})", models.join(", "))
             }
+            UnfitReason::Cordoned { left } => lead(f, CORDON_WORDS, *left),
             UnfitReason::Uuid { left } => lead(f, "with an allowed UUID", *left),
             UnfitReason::Split { left } => lead(f, "below its split count", *left),
             UnfitReason::Exclusive {
                 left,
                 wants_exclusive,
-            } => {
-                if *wants_exclusive {
-                    lead(f, "idle (gpucores 100 needs a whole card)", *left)
-                } else {
-                    lead(f, "free of an exclusive (gpucores 100) pod", *left)
-                }
-            }
+                mutex,
+            } => lead(f, exclusive_words(*wants_exclusive, *mutex), *left),
             UnfitReason::Cores { left, want, best } => {
                 lead(f, &format!("with {want}% cores free"), *left)?;
                 match best {
@@ -687,6 +761,18 @@ impl fmt::Display for Unfit {
                 }
             }
         }
+    }
+}
+
+/// What a GPU must be for a pod when cordons leave too few.
+const CORDON_WORDS: &str = "not cordoned (node annotation hami.io/device-cordon)";
+
+/// What a GPU must be for a pod when exclusive slices leave too few.
+fn exclusive_words(wants_exclusive: bool, mutex: bool) -> &'static str {
+    match (wants_exclusive, mutex) {
+        (true, false) => "idle (gpucores 100 needs a whole card)",
+        (true, true) => "idle (the mutex policy needs a GPU nothing else uses)",
+        (false, _) => "free of an exclusive pod (gpucores 100 or mutex)",
     }
 }
 
@@ -759,6 +845,9 @@ pub enum MissReason {
     Unhealthy {
         usable: usize,
     },
+    Cordoned {
+        left: usize,
+    },
     Type {
         left: usize,
     },
@@ -771,6 +860,7 @@ pub enum MissReason {
     Exclusive {
         left: usize,
         wants_exclusive: bool,
+        mutex: bool,
     },
     Cores {
         left: usize,
@@ -797,6 +887,7 @@ impl Miss {
         let reason = match self.why {
             MissReason::NoGpus => UnfitReason::NoGpus,
             MissReason::Unhealthy { usable } => UnfitReason::Unhealthy { usable },
+            MissReason::Cordoned { left } => UnfitReason::Cordoned { left },
             MissReason::Type { left } => UnfitReason::Type {
                 left,
                 want: pod.filter.use_types.joined(),
@@ -810,9 +901,11 @@ impl Miss {
             MissReason::Exclusive {
                 left,
                 wants_exclusive,
+                mutex,
             } => UnfitReason::Exclusive {
                 left,
                 wants_exclusive,
+                mutex,
             },
             MissReason::Cores { left, want, best } => UnfitReason::Cores {
                 left,
@@ -911,28 +1004,19 @@ pub fn write_miss<S: GpuSet + ?Sized, W: fmt::Write + ?Sized>(
             }
             f.write_str(")")
         }
+        MissReason::Cordoned { left } => lead(f, n, left, format_args!("{CORDON_WORDS}")),
         MissReason::Uuid { left } => lead(f, n, left, format_args!("with an allowed UUID")),
         MissReason::Split { left } => lead(f, n, left, format_args!("below its split count")),
         MissReason::Exclusive {
             left,
             wants_exclusive,
-        } => {
-            if wants_exclusive {
-                lead(
-                    f,
-                    n,
-                    left,
-                    format_args!("idle (gpucores 100 needs a whole card)"),
-                )
-            } else {
-                lead(
-                    f,
-                    n,
-                    left,
-                    format_args!("free of an exclusive (gpucores 100) pod"),
-                )
-            }
-        }
+            mutex,
+        } => lead(
+            f,
+            n,
+            left,
+            format_args!("{}", exclusive_words(wants_exclusive, mutex)),
+        ),
         MissReason::Cores { left, want, best } => {
             lead(f, n, left, format_args!("with {want}% cores free"))?;
             match best {
@@ -1016,7 +1100,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     // The table is only read under `fragmentation` or `gap-aware` (the cluster hands it over
     // whenever it knows a GPU pod).
     let frag_used = frag.is_some() && (pod.node_policy.uses_table() || pod.gpu_policy.uses_table());
-    if !frag_used && !pod.filter.typed() && !pod.filter.uuids() {
+    if !frag_used && !pod.mutex && !pod.filter.typed() && !pod.filter.uuids() {
         if let [c] = pod.containers.as_slice() {
             if c.request.gpus == 1 {
                 let gpus = hot_records(node, &mut buf.hot);
@@ -1046,7 +1130,7 @@ fn score_one_gpu(gpus: &[GpuHot], pod: &PodRequest, r: &VgpuRequest) -> Option<u
         }
         sum += u64::from(g.use_now);
         n += 1;
-        if g.slices >= g.split || g.exclusive || (exclusive && g.slices > 0) {
+        if g.cordoned || g.slices >= g.split || g.exclusive || (exclusive && g.slices > 0) {
             continue;
         }
         let free_cores = g.cores.saturating_sub(g.used_cores);
@@ -1141,17 +1225,23 @@ fn place_core<S: GpuSet + ?Sized>(
         cand.clear();
         type_memo.clear();
         // Counts after each check, for the failure message.
-        let (mut n_usable, mut n_type, mut n_uuid, mut n_split, mut n_excl, mut n_cores) =
-            (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+        let (mut n_usable, mut n_open, mut n_type, mut n_uuid, mut n_split) =
+            (0usize, 0usize, 0usize, 0usize, 0usize);
+        let (mut n_excl, mut n_cores) = (0usize, 0usize);
         let mut best_cores: Option<(u32, usize)> = None;
         let mut best_mem: Option<(u64, usize)> = None;
         let mut max_want_mib = 0u64;
         let exclusive = r.cores >= EXCLUSIVE_CORES;
+        let alone = exclusive || pod.mutex;
         for (i, (g, s)) in gpus.iter().zip(scratch.iter()).enumerate() {
             if !g.usable {
                 continue;
             }
             n_usable += 1;
+            if g.cordoned {
+                continue;
+            }
+            n_open += 1;
             // GPUs of one node mostly share a model: test the type lists once per distinct model.
             let type_ok = !typed
                 || match type_memo.iter().find(|(key, _)| *key == g.model_key) {
@@ -1174,7 +1264,7 @@ fn place_core<S: GpuSet + ?Sized>(
                 continue;
             }
             n_split += 1;
-            if s.exclusive || (exclusive && s.slices > 0) {
+            if s.exclusive || (alone && s.slices > 0) {
                 continue;
             }
             n_excl += 1;
@@ -1202,6 +1292,8 @@ fn place_core<S: GpuSet + ?Sized>(
         if cand.len() < need {
             let why = if n_usable < need {
                 MissReason::Unhealthy { usable: n_usable }
+            } else if n_open < need {
+                MissReason::Cordoned { left: n_open }
             } else if n_type < need {
                 MissReason::Type { left: n_type }
             } else if n_uuid < need {
@@ -1211,7 +1303,8 @@ fn place_core<S: GpuSet + ?Sized>(
             } else if n_excl < need {
                 MissReason::Exclusive {
                     left: n_excl,
-                    wants_exclusive: exclusive,
+                    wants_exclusive: alone,
+                    mutex: pod.mutex,
                 }
             } else if n_cores < need {
                 MissReason::Cores {
@@ -1271,6 +1364,7 @@ fn place_core<S: GpuSet + ?Sized>(
             let g = &gpus[i];
             let mib = r.mib_per_gpu(g.memory_mib);
             scratch[i] = scratch[i].with(g, r);
+            scratch[i].exclusive |= pod.mutex;
             if !touched.contains(&i) {
                 touched.push(i);
             }
@@ -1279,6 +1373,7 @@ fn place_core<S: GpuSet + ?Sized>(
                     uuid: node.uuid(i).to_string(),
                     memory_mib: mib,
                     cores: r.cores,
+                    exclusive: pod.mutex,
                 });
             }
         }

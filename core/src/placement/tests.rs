@@ -48,6 +48,7 @@ fn slice(uuid: &str, mib: u64, cores: u32) -> DeviceSlice {
         uuid: uuid.into(),
         memory_mib: mib,
         cores,
+        exclusive: false,
     }
 }
 
@@ -75,7 +76,8 @@ fn count_gives_distinct_gpus_and_fails_when_too_few() {
         DeviceSlice {
             uuid: u[0].to_string(),
             memory_mib: 1024,
-            cores: 10
+            cores: 10,
+            exclusive: false,
         }
     );
     assert_eq!(
@@ -176,8 +178,89 @@ fn exclusive_needs_an_idle_card_and_blocks_it() {
     n.add(&slice("GPU-0", 1024, 100));
     assert_eq!(
         err(&n, &one(1, Memory::Mib(1), 0)),
-        "no GPU free of an exclusive (gpucores 100) pod"
+        "no GPU free of an exclusive pod (gpucores 100 or mutex)"
     );
+}
+
+#[test]
+fn mutex_takes_idle_gpus_and_keeps_them_alone() {
+    let mut n = a100s(2);
+    n.add(&slice("GPU-0", 1024, 10));
+    let mutex = |cores| {
+        let mut p = annotated(&[(GPU_POLICY, "binpack, Mutex")]);
+        p.containers[0].request.cores = cores;
+        p
+    };
+    // Binpack alone would join GPU-0; mutex takes the idle GPU, with only the cores it asks.
+    let a = place(&n, &mutex(30)).unwrap();
+    assert_eq!(uuids(&a), [["GPU-1"]]);
+    assert_eq!(
+        (a[0].devices[0].cores, a[0].devices[0].exclusive),
+        (30, true)
+    );
+    assert_eq!(
+        score(&n, &mutex(30)).unwrap(),
+        place_scored(&n, &mutex(30)).unwrap().1
+    );
+    n.add(&a[0].devices[0]);
+    assert_eq!(
+        err(&n, &mutex(30)),
+        "no GPU idle (the mutex policy needs a GPU nothing else uses)"
+    );
+    // Nothing joins the mutex pod's GPU, with memory and cores to spare: the slice says so.
+    let mut n = a100s(1);
+    n.add(&DeviceSlice {
+        exclusive: true,
+        ..slice("GPU-0", 1024, 30)
+    });
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1), 0)),
+        "no GPU free of an exclusive pod (gpucores 100 or mutex)"
+    );
+    // A slice without the flag (0.1's annotations) leaves the GPU shared as before.
+    let mut n = a100s(1);
+    n.add(&slice("GPU-0", 1024, 30));
+    assert!(place(&n, &one(1, Memory::Mib(1), 0)).is_ok());
+    // Two containers of one mutex pod do not share a GPU either.
+    let mut p = mutex(10);
+    p.containers.push(ctr("second", 1, Memory::Mib(1024), 10));
+    let a = place(&a100s(2), &p).unwrap();
+    assert_eq!(uuids(&a), [["GPU-0"], ["GPU-1"]]);
+    assert!(place(&a100s(1), &p).is_err());
+}
+
+#[test]
+fn cordoned_gpus_get_no_new_pods_and_say_why() {
+    let mut n = a100s(2);
+    n.add(&slice("GPU-0", 1024, 10));
+    n.cordon(&NameList::parse(" gpu-0 ,"));
+    // Binpack would join GPU-0; it is cordoned, so GPU-1.
+    assert_eq!(
+        uuids(&place(&n, &annotated(&[(GPU_POLICY, "binpack")])).unwrap()),
+        [["GPU-1"]]
+    );
+    assert_eq!(
+        score(&n, &one(1, Memory::Mib(1024), 0)).unwrap(),
+        place_scored(&n, &one(1, Memory::Mib(1024), 0)).unwrap().1
+    );
+    n.cordon(&NameList::parse("GPU-0,GPU-1"));
+    assert_eq!(
+        err(&n, &one(1, Memory::Mib(1024), 0)),
+        "no GPU not cordoned (node annotation hami.io/device-cordon)"
+    );
+    assert_eq!(
+        err(&n, &one(2, Memory::Mib(1024), 0)),
+        "no GPU not cordoned (node annotation hami.io/device-cordon)"
+    );
+    n.cordon(&NameList::parse("GPU-1"));
+    assert_eq!(
+        err(&n, &one(2, Memory::Mib(1024), 0)),
+        "2 GPUs not cordoned (node annotation hami.io/device-cordon) needed, only 1"
+    );
+    // Lifting the cordon: the GPU takes pods again; its slice stayed counted throughout.
+    n.cordon(&NameList::default());
+    assert_eq!(n.gpus()[0].used_mib, 1024);
+    assert!(place(&n, &one(2, Memory::Mib(1024), 0)).is_ok());
 }
 
 #[test]
@@ -755,4 +838,37 @@ fn policy_names() {
     assert_eq!(Policy::parse(" Gap-Aware "), Some(Policy::GapAware));
     assert_eq!(Policy::parse("fgd"), None);
     assert!(Policy::GapAware.uses_table() && !Policy::Spread.uses_table());
+}
+
+#[test]
+fn gpu_policy_lists_read_as_hami_reads_them() {
+    let p = |s| GpuPolicy::parse(s);
+    assert_eq!(
+        p("binpack,mutex"),
+        Ok(GpuPolicy {
+            order: Some(Policy::Binpack),
+            mutex: true
+        })
+    );
+    // The first ordering policy wins; empty entries and spaces are ignored.
+    assert_eq!(
+        p(" mutex , spread,,binpack").map(|g| g.order),
+        Ok(Some(Policy::Spread))
+    );
+    assert_eq!(p("").map(|g| (g.order, g.mutex)), Ok((None, false)));
+    assert_eq!(p("binpack,topology-aware"), Err("topology-aware".into()));
+    // A list without an ordering policy takes the scheduler's default.
+    let pod = annotated(&[(GPU_POLICY, "mutex")]);
+    assert_eq!((pod.gpu_policy, pod.mutex), (Policy::Spread, true));
+    let e = PodRequest::from_annotations(
+        vec![ctr("main", 1, Memory::Mib(1024), 0)],
+        |k| (k == GPU_POLICY).then_some("binpack,numa"),
+        Policy::Binpack,
+        Policy::Spread,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "annotation hami.io/gpu-scheduler-policy: \"numa\" is not one of binpack, spread, fragmentation, gap-aware, mutex"
+    );
 }

@@ -178,8 +178,8 @@ pub fn codecs(data: &[u8]) {
     let state = scheduler_state(false);
     {
         let mut cluster = state.cluster.write().unwrap_or_else(|p| p.into_inner());
-        cluster.apply_node("fuzzed", Some(s), Some(s));
-        cluster.apply_node("fuzzed-heartbeat", Some(&big_inventory()), Some(s));
+        cluster.apply_node("fuzzed", Some(s), Some(s), Some(s));
+        cluster.apply_node("fuzzed-heartbeat", Some(&big_inventory()), Some(s), None);
         cluster.apply_pod("fuzzed-pod", Some("big"), assignment.ok(), false);
     }
     let args: ExtenderArgs = match serde_json::from_value(json!({
@@ -495,21 +495,23 @@ fn scheduler_state(choose_node: bool) -> SchedulerState {
     let fresh = format_rfc3339(NOW_SECS - 10);
     {
         let mut c = state.cluster.write().unwrap_or_else(|p| p.into_inner());
-        c.apply_node("big", Some(&big_inventory()), Some(&fresh));
+        c.apply_node("big", Some(&big_inventory()), Some(&fresh), None);
         let small = NodeInventory::new(vec![device("GPU-small-0", "Tesla T4", 15360, 2)]).encode();
-        c.apply_node("small", Some(&small), Some(&fresh));
+        c.apply_node("small", Some(&small), Some(&fresh), None);
         c.apply_node(
             "stale",
             Some(&small),
             Some(&format_rfc3339(NOW_SECS - 3600)),
+            None,
         );
-        c.apply_node("broken", Some("{not json"), Some(&fresh));
+        c.apply_node("broken", Some("{not json"), Some(&fresh), None);
         let mut sick = device("GPU-sick-0", "Tesla T4", 15360, 4);
         sick.healthy = false;
         c.apply_node(
             "sick",
             Some(&NodeInventory::new(vec![sick]).encode()),
             Some(&fresh),
+            None,
         );
         let placed = PodAssignment::decode(
             r#"{"version":1,"node":"big","containers":[{"name":"main","devices":[{"uuid":"GPU-big-0","memoryMib":40960,"cores":50}]}]}"#,

@@ -268,6 +268,7 @@ mod tests {
                     uuid: "GPU-1".into(),
                     memory_mib: 7680,
                     cores: 20,
+                    exclusive: false,
                 }],
             }],
         );
