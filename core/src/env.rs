@@ -8,9 +8,15 @@
 //! | `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<i>` | webhook, device plugin | 0–100, percent of SMs; 0 = unlimited |
 //! | `CUDA_DEVICE_MEMORY_SHARED_CACHE` | device plugin | path of the container's accounting file |
 //! | `VGPU_*` | reserved | for future knobs of the hook |
+//! | `CUDA_TASK_PRIORITY` | device plugin, from the container's `nvidia.com/priority` | 0 high, 1 low (HAMi's; default 1) |
+//! | `GPU_CORE_UTILIZATION_POLICY` | device plugin: the node's `--gpu-core-policy`, or the container's own `env` | `default`, `force`, `disable` (HAMi's, any case) |
 //!
-//! A tenant must not be able to set any of these: the webhook replaces user values, and the validating
-//! webhook refuses them. [`is_reserved`] is the one definition of "a variable the runtime reads".
+//! A tenant must not be able to set the limits: the webhook replaces user values, and the validating
+//! webhook refuses them. [`is_reserved`] is the one definition of "a limit the runtime reads". The
+//! two settings (HAMi's names, [`is_setting`]) are the tenant's to ask for in the pod: the device
+//! plugin reads them from the pod spec (the validating webhook decides who may disable the core
+//! limit) and writes what it decided into the limits file, which the hook trusts over the
+//! environment.
 
 use thiserror::Error;
 
@@ -22,6 +28,19 @@ pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// Prefix reserved for other settings of the hook.
 pub const RESERVED_PREFIX: &str = "VGPU_";
+/// Task priority (HAMi's `CUDA_TASK_PRIORITY`): 0 high, 1 low.
+pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// Core-limit policy (HAMi's `GPU_CORE_UTILIZATION_POLICY`).
+pub const CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// HAMi's switch that answers a container without the hook (`true`, as Go's `strconv.ParseBool`).
+pub const DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// The resource that carries a container's task priority (HAMi's `resourcePriority`), ignored by
+/// kube-scheduler (the chart's `managedResources`) and the kubelet (which drops extended resources
+/// the node does not advertise: `pkg/kubelet/lifecycle/predicate.go`
+/// `removeMissingExtendedResources`), read by the device plugin.
+pub const TASK_PRIORITY_RESOURCE: &str = "nvidia.com/priority";
+/// The priority a container without `nvidia.com/priority` gets (HAMi-core's default).
+pub const DEFAULT_PRIORITY: u8 = 1;
 /// Default accounting-file path when [`SHARED_CACHE`] is unset.
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/vgpu/vgpu.cache";
 
@@ -51,6 +70,66 @@ pub fn is_reserved(name: &str) -> bool {
         || name.starts_with(RESERVED_PREFIX)
 }
 
+/// Whether `name` is one of the settings the device plugin decides from the pod ([`TASK_PRIORITY`],
+/// [`CORE_POLICY`]).
+pub fn is_setting(name: &str) -> bool {
+    name == TASK_PRIORITY || name == CORE_POLICY
+}
+
+/// When the core limit (`CUDA_DEVICE_SM_LIMIT`) applies: HAMi-core's
+/// `GPU_CORE_UTILIZATION_POLICY` (`src/multiprocess/multiprocess_memory_limit.c`: `force`,
+/// `disable`, anything else `default`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CorePolicy {
+    /// Only while another container has launched work on the GPU within
+    /// [`crate::activity::SHARED_WINDOW_MS`]: a container alone on its GPU may use all of it.
+    Default,
+    /// Always (vgpu's default: a slice is a slice).
+    #[default]
+    Force,
+    /// Never.
+    Disable,
+}
+
+impl CorePolicy {
+    /// The value as written in the limits file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CorePolicy::Default => "default",
+            CorePolicy::Force => "force",
+            CorePolicy::Disable => "disable",
+        }
+    }
+
+    /// Reads a value, any case, spaces trimmed.
+    pub fn parse(value: &str) -> Result<CorePolicy, EnvValueError> {
+        let v = value.trim();
+        [CorePolicy::Default, CorePolicy::Force, CorePolicy::Disable]
+            .into_iter()
+            .find(|p| v.eq_ignore_ascii_case(p.as_str()))
+            .ok_or_else(|| EnvValueError::NotCorePolicy {
+                value: value.to_string(),
+            })
+    }
+}
+
+/// Reads a task priority: `0` (high) or `1` (low).
+pub fn parse_priority(value: &str) -> Result<u8, EnvValueError> {
+    match value.trim() {
+        "0" => Ok(0),
+        "1" => Ok(1),
+        _ => Err(EnvValueError::NotPriority {
+            value: value.to_string(),
+        }),
+    }
+}
+
+/// Whether a value is true as Go's `strconv.ParseBool` reads it (HAMi reads
+/// `CUDA_DISABLE_CONTROL` so): `1`, `t`, `T`, `TRUE`, `true`, `True`.
+pub fn go_true(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "TRUE" | "true" | "True")
+}
+
 /// Writes a MiB amount the way the webhook injects it: `4096m`.
 pub fn format_memory_mib(mib: u64) -> String {
     format!("{mib}m")
@@ -75,6 +154,18 @@ pub enum EnvValueError {
     /// Not a whole percentage 0–100.
     #[error("{value:?} is not a percentage 0-100")]
     NotPercent {
+        /// The value as found.
+        value: String,
+    },
+    /// Not `default`, `force` or `disable`.
+    #[error("{value:?} is not one of default, force, disable")]
+    NotCorePolicy {
+        /// The value as found.
+        value: String,
+    },
+    /// Not 0 or 1.
+    #[error("{value:?} is not a task priority (0 high, 1 low)")]
+    NotPriority {
         /// The value as found.
         value: String,
     },
@@ -181,6 +272,23 @@ mod tests {
             parse_memory_bytes("99999999999999999999"),
             Err(EnvValueError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn settings_read_as_hami_writes_them() {
+        assert!(is_setting(TASK_PRIORITY) && is_setting(CORE_POLICY));
+        assert!(!is_reserved(TASK_PRIORITY) && !is_setting(SM_LIMIT));
+        assert_eq!(CorePolicy::parse("FORCE"), Ok(CorePolicy::Force));
+        assert_eq!(CorePolicy::parse(" disable"), Ok(CorePolicy::Disable));
+        assert_eq!(CorePolicy::parse("default"), Ok(CorePolicy::Default));
+        assert_eq!(
+            CorePolicy::parse("off").unwrap_err().to_string(),
+            "\"off\" is not one of default, force, disable"
+        );
+        assert_eq!(parse_priority("0"), Ok(0));
+        assert_eq!(parse_priority("1"), Ok(1));
+        assert!(parse_priority("2").is_err() && parse_priority("").is_err());
+        assert!(go_true("True") && go_true("1") && !go_true("yes") && !go_true("false"));
     }
 
     #[test]

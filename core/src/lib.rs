@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod accounting;
+pub mod activity;
 pub mod annotations;
 pub mod assignment;
 pub mod borrowed;

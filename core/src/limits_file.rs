@@ -53,7 +53,7 @@ pub enum LimitsFileError {
 
 /// Whether `name` may appear in a limits file.
 pub fn is_allowed(name: &str) -> bool {
-    env::is_reserved(name) || name == VISIBLE_DEVICES
+    env::is_reserved(name) || env::is_setting(name) || name == VISIBLE_DEVICES
 }
 
 /// Writes `vars` as a limits file (sorted by name, so the same limits give the same bytes).

@@ -50,6 +50,7 @@ fn pod(i: usize) -> PodEntry {
             }],
         )),
         allocated: Vec::new(),
+        settings: Default::default(),
     }
 }
 
@@ -105,6 +106,7 @@ fn bench(c: &mut Criterion) {
             },
             host_dir: tmp.path().join("host"),
             allow_unscheduled: false,
+            core_policy: Default::default(),
         },
         DeviceState::new(gpus, "nvidia"),
         None,
@@ -191,7 +193,14 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.bench_function("stage_build_answer", |b| {
-        b.iter(|| vgpu_device_plugin::allocate::assigned(&host, &claim.uid, &claim.container))
+        b.iter(|| {
+            vgpu_device_plugin::allocate::assigned(
+                &host,
+                &claim.uid,
+                &claim.container,
+                &Default::default(),
+            )
+        })
     });
     group.bench_function("allocate_in_process_500_pods_cached", |b| {
         b.iter_custom(|iters| {

@@ -2,9 +2,10 @@
 //! assignment. Pure: no I/O (the caller creates the container's host directory).
 
 use crate::api;
+use crate::pods::ContainerSettings;
 use std::path::{Path, PathBuf};
 use vgpu_core::assignment::ContainerAssignment;
-use vgpu_core::env;
+use vgpu_core::env::{self, CorePolicy};
 
 /// Where the preload library appears inside a container.
 pub const CONTAINER_LIB: &str = "/usr/local/vgpu/libvgpu.so";
@@ -21,6 +22,12 @@ pub const LIMITS_DIR: &str = "limits";
 /// Where the container's limits file appears: next to the hook library, which reads it from there
 /// (see `vgpu_core::limits_file` for why the environment alone is not enough).
 pub const CONTAINER_LIMITS: &str = "/usr/local/vgpu/limits.env";
+/// Host-directory subfolder with one GPU activity file per GPU (`vgpu_core::activity`), named by
+/// the GPU's UUID.
+pub const GPUS_DIR: &str = "gpus";
+/// Where a container's GPU activity files appear: `<this>/<i>` for its device `i`, next to the
+/// hook library, which finds them there.
+pub const CONTAINER_GPUS: &str = "/usr/local/vgpu/gpus";
 /// The visible-devices variable the NVIDIA container runtime reads.
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
@@ -43,24 +50,74 @@ pub fn limits_path(host_dir: &Path, pod_uid: &str, container: &str) -> PathBuf {
         .join(format!("{pod_uid}_{container}.env"))
 }
 
+/// The host path of a GPU's activity file: `<host-dir>/gpus/<uuid>`.
+pub fn activity_path(host_dir: &Path, uuid: &str) -> PathBuf {
+    host_dir.join(GPUS_DIR).join(uuid)
+}
+
+/// What Allocate decided about a container's runtime beyond its slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runtime {
+    /// Task priority, 0 high, 1 low.
+    pub priority: u8,
+    /// When the core limit applies.
+    pub core_policy: CorePolicy,
+    /// Whether the hook is preloaded (`CUDA_DISABLE_CONTROL` not set; the validating webhook
+    /// decides who may set it).
+    pub preload: bool,
+}
+
+impl Runtime {
+    /// The container's settings over the node's core policy; the field and the value when one
+    /// cannot be read.
+    pub fn decide(s: &ContainerSettings, node_policy: CorePolicy) -> Result<Runtime, String> {
+        let priority = match &s.priority {
+            None => env::DEFAULT_PRIORITY,
+            Some(v) => env::parse_priority(v)
+                .map_err(|e| format!("resource {}: {e}", env::TASK_PRIORITY_RESOURCE))?,
+        };
+        let core_policy = match &s.core_policy {
+            None => node_policy,
+            Some(v) => {
+                CorePolicy::parse(v).map_err(|e| format!("env {}: {e}", env::CORE_POLICY))?
+            }
+        };
+        Ok(Runtime {
+            priority,
+            core_policy,
+            preload: !s.disable_control,
+        })
+    }
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            priority: env::DEFAULT_PRIORITY,
+            core_policy: CorePolicy::default(),
+            preload: true,
+        }
+    }
+}
+
 /// The limits file for an answer: the same limits as its environment, in the file format.
 pub fn limits_contents(response: &api::ContainerAllocateResponse) -> String {
     vgpu_core::limits_file::format(response.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
-fn mounts(host_dir: &Path, cache_dir: Option<&Path>) -> Vec<api::Mount> {
-    let mut m = vec![
-        api::Mount {
-            container_path: CONTAINER_LIB.into(),
-            host_path: host_dir.join(LIB_NAME).display().to_string(),
-            read_only: true,
-        },
-        api::Mount {
+fn mounts(host_dir: &Path, cache_dir: Option<&Path>, preload: bool) -> Vec<api::Mount> {
+    let mut m = vec![api::Mount {
+        container_path: CONTAINER_LIB.into(),
+        host_path: host_dir.join(LIB_NAME).display().to_string(),
+        read_only: true,
+    }];
+    if preload {
+        m.push(api::Mount {
             container_path: "/etc/ld.so.preload".into(),
             host_path: host_dir.join(PRELOAD_NAME).display().to_string(),
             read_only: true,
-        },
-    ];
+        });
+    }
     if let Some(dir) = cache_dir {
         m.push(api::Mount {
             container_path: CONTAINER_CACHE_DIR.into(),
@@ -72,11 +129,14 @@ fn mounts(host_dir: &Path, cache_dir: Option<&Path>) -> Vec<api::Mount> {
 }
 
 /// The answer for a container the scheduler assigned: visible devices in assignment order, a memory
-/// and SM limit per visible device, the accounting file, and the mounts.
+/// and SM limit per visible device, the task priority and core policy, the accounting file, each
+/// GPU's activity file, and the mounts (without the preload list when `runtime.preload` is off:
+/// HAMi's `CUDA_DISABLE_CONTROL`, `pkg/device-plugin/nvidiadevice/plugin/server.go`).
 pub fn assigned(
     host_dir: &Path,
     pod_uid: &str,
     container: &ContainerAssignment,
+    runtime: &Runtime,
 ) -> api::ContainerAllocateResponse {
     let mut envs = std::collections::HashMap::new();
     let uuids: Vec<&str> = container.devices.iter().map(|d| d.uuid.as_str()).collect();
@@ -92,8 +152,13 @@ pub fn assigned(
         env::SHARED_CACHE.to_string(),
         env::DEFAULT_SHARED_CACHE.to_string(),
     );
+    envs.insert(env::TASK_PRIORITY.to_string(), runtime.priority.to_string());
+    envs.insert(
+        env::CORE_POLICY.to_string(),
+        runtime.core_policy.as_str().to_string(),
+    );
     let dir = container_dir(host_dir, pod_uid, &container.name);
-    let mut mounts = mounts(host_dir, Some(&dir));
+    let mut mounts = mounts(host_dir, Some(&dir), runtime.preload);
     mounts.push(api::Mount {
         container_path: CONTAINER_LIMITS.into(),
         host_path: limits_path(host_dir, pod_uid, &container.name)
@@ -101,6 +166,13 @@ pub fn assigned(
             .to_string(),
         read_only: true,
     });
+    for (i, d) in container.devices.iter().enumerate() {
+        mounts.push(api::Mount {
+            container_path: format!("{CONTAINER_GPUS}/{i}"),
+            host_path: activity_path(host_dir, &d.uuid).display().to_string(),
+            read_only: false,
+        });
+    }
     api::ContainerAllocateResponse {
         envs,
         mounts,
@@ -115,7 +187,7 @@ pub fn unscheduled(host_dir: &Path, uuids: &[String]) -> api::ContainerAllocateR
     envs.insert(VISIBLE_DEVICES.to_string(), uuids.join(","));
     api::ContainerAllocateResponse {
         envs,
-        mounts: mounts(host_dir, None),
+        mounts: mounts(host_dir, None, true),
         ..Default::default()
     }
 }
@@ -144,7 +216,7 @@ mod tests {
                 },
             ],
         };
-        let r = assigned(Path::new("/h"), "uid1", &c);
+        let r = assigned(Path::new("/h"), "uid1", &c, &Runtime::default());
         assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4096m");
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2048m");
@@ -154,7 +226,7 @@ mod tests {
             r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
             "/tmp/vgpu/vgpu.cache"
         );
-        assert_eq!(r.mounts.len(), 4);
+        assert_eq!(r.mounts.len(), 6);
         assert_eq!(r.mounts[0].host_path, "/h/libvgpu.so");
         assert!(r.mounts[0].read_only && r.mounts[1].read_only);
         assert_eq!(r.mounts[1].container_path, "/etc/ld.so.preload");
@@ -164,9 +236,59 @@ mod tests {
         assert_eq!(r.mounts[3].container_path, "/usr/local/vgpu/limits.env");
         assert_eq!(r.mounts[3].host_path, "/h/limits/uid1_main.env");
         assert!(r.mounts[3].read_only);
+        // Each GPU's activity file, read-write, by device index.
+        assert_eq!(r.mounts[5].container_path, "/usr/local/vgpu/gpus/1");
+        assert_eq!(r.mounts[5].host_path, "/h/gpus/GPU-b");
+        assert!(!r.mounts[5].read_only);
+        assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "1");
+        assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
         let file = vgpu_core::limits_file::parse(&limits_contents(&r)).unwrap_or_default();
         let envs: std::collections::BTreeMap<String, String> = r.envs.clone().into_iter().collect();
         assert_eq!(file, envs);
+    }
+
+    #[test]
+    fn hami_settings_decide_priority_policy_and_preload() {
+        let s = |priority: Option<&str>, policy: Option<&str>, disable: bool| ContainerSettings {
+            priority: priority.map(String::from),
+            core_policy: policy.map(String::from),
+            disable_control: disable,
+        };
+        let r = Runtime::decide(&s(Some("0"), None, false), CorePolicy::Default).unwrap();
+        assert_eq!(
+            (r.priority, r.core_policy, r.preload),
+            (0, CorePolicy::Default, true)
+        );
+        let r = Runtime::decide(&s(None, Some("DISABLE"), true), CorePolicy::Force).unwrap();
+        assert_eq!(
+            (r.priority, r.core_policy, r.preload),
+            (1, CorePolicy::Disable, false)
+        );
+        assert_eq!(
+            Runtime::decide(&s(Some("2"), None, false), CorePolicy::Force).unwrap_err(),
+            "resource nvidia.com/priority: \"2\" is not a task priority (0 high, 1 low)"
+        );
+        assert_eq!(
+            Runtime::decide(&s(None, Some("off"), false), CorePolicy::Force).unwrap_err(),
+            "env GPU_CORE_UTILIZATION_POLICY: \"off\" is not one of default, force, disable"
+        );
+        let c = ContainerAssignment {
+            name: "main".into(),
+            devices: vec![],
+        };
+        let off = Runtime {
+            preload: false,
+            ..Runtime::default()
+        };
+        let r = assigned(Path::new("/h"), "uid1", &c, &off);
+        assert!(r
+            .mounts
+            .iter()
+            .all(|m| m.container_path != "/etc/ld.so.preload"));
+        assert!(r
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/usr/local/vgpu/limits.env"));
     }
 
     #[test]

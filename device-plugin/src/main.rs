@@ -67,6 +67,11 @@ struct Cli {
     /// Answer Allocate for pods without an assignment with whole devices and no limits.
     #[arg(long)]
     allow_unscheduled: bool,
+    /// When the core limit applies to containers that do not set GPU_CORE_UTILIZATION_POLICY
+    /// (HAMi's gpuCorePolicy): force (always), default (only while another container uses the
+    /// GPU), disable (never).
+    #[arg(long, default_value = "force", value_parser = parse_core_policy)]
+    gpu_core_policy: vgpu_core::env::CorePolicy,
     /// This node's name.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
@@ -141,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
         },
         host_dir: cli.host_dir.clone(),
         allow_unscheduled: cli.allow_unscheduled,
+        core_policy: cli.gpu_core_policy,
     };
     let shared = Shared::new(
         settings,
@@ -203,4 +209,8 @@ fn install_lib(source: &std::path::Path, dir: &std::path::Path) -> anyhow::Resul
         .with_context(|| format!("writing {}", dir.join(PRELOAD_NAME).display()))?;
     tracing::info!(target = %target.display(), "library installed");
     Ok(())
+}
+
+fn parse_core_policy(s: &str) -> Result<vgpu_core::env::CorePolicy, String> {
+    vgpu_core::env::CorePolicy::parse(s).map_err(|e| e.to_string())
 }

@@ -24,6 +24,8 @@ pub struct Settings {
     pub host_dir: PathBuf,
     /// Answer Allocate for pods without an assignment (whole devices, no limits).
     pub allow_unscheduled: bool,
+    /// The node's core-limit policy for containers that do not choose one.
+    pub core_policy: vgpu_core::env::CorePolicy,
 }
 
 /// State shared by the gRPC service, the health loop, the pod watcher and the inventory task.
@@ -164,8 +166,25 @@ impl Shared {
                 );
                 create_accounting_dir(&dir)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
-                let answer =
-                    allocate::assigned(&self.settings.host_dir, &claim.uid, &claim.container);
+                let runtime = allocate::Runtime::decide(&claim.settings, self.settings.core_policy)
+                    .map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "pod {}/{} container {:?}: {e}",
+                            claim.namespace, claim.name, claim.container.name
+                        ))
+                    })?;
+                for d in &claim.container.devices {
+                    let path = allocate::activity_path(&self.settings.host_dir, &d.uuid);
+                    create_activity_file(&path).map_err(|e| {
+                        Status::internal(format!("creating {}: {e}", path.display()))
+                    })?;
+                }
+                let answer = allocate::assigned(
+                    &self.settings.host_dir,
+                    &claim.uid,
+                    &claim.container,
+                    &runtime,
+                );
                 // The hook trusts this file over the environment; without it the container must
                 // not start, so a failed write fails the Allocate.
                 let limits = allocate::limits_path(
@@ -348,6 +367,29 @@ fn create_accounting_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     // create_dir_all is subject to the umask; the mode is set explicitly.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+}
+
+/// Creates a GPU's activity file, laid out, open to every container user (0666), unless it exists:
+/// containers already on the GPU have it mapped, so it is never replaced. Written under a
+/// temporary name and linked into place, so nobody maps a file without its header.
+fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        return Ok(());
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("path has no directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".new.{}", std::process::id()));
+    std::fs::write(&tmp, vgpu_core::activity::initial_bytes())?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container

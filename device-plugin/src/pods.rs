@@ -8,7 +8,7 @@
 //! requested ones, and remembers what it answered so two racing pods of the same shape get different
 //! answers.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use std::collections::{HashMap, HashSet};
 use thiserror::Error;
 use vgpu_core::annotations::{ALLOCATED, ASSIGNMENT};
@@ -33,6 +33,48 @@ pub struct PodEntry {
     pub assignment: Result<PodAssignment, String>,
     /// Containers already answered, from the `vgpu.io/allocated` annotation.
     pub allocated: Vec<String>,
+    /// What each container asks of the runtime beyond its slice, by container name (only those
+    /// that ask something).
+    pub settings: HashMap<String, ContainerSettings>,
+}
+
+/// HAMi's per-container runtime settings, as the pod spec gives them (literal `env` values only:
+/// `valueFrom` and `envFrom` are not in the pod, so they cannot change what Allocate decides).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerSettings {
+    /// The `nvidia.com/priority` limit, as written.
+    pub priority: Option<String>,
+    /// `GPU_CORE_UTILIZATION_POLICY` in `env`.
+    pub core_policy: Option<String>,
+    /// `CUDA_DISABLE_CONTROL` in `env`, true as Go reads it.
+    pub disable_control: bool,
+}
+
+impl ContainerSettings {
+    /// The settings of one container spec; `None` when it asks nothing.
+    pub fn of(c: &Container) -> Option<ContainerSettings> {
+        let priority = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(vgpu_core::env::TASK_PRIORITY_RESOURCE))
+            .map(|q| q.0.clone());
+        let env = |name: &str| {
+            c.env
+                .iter()
+                .flatten()
+                .rev()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        let s = ContainerSettings {
+            priority,
+            core_policy: env(vgpu_core::env::CORE_POLICY),
+            disable_control: env(vgpu_core::env::DISABLE_CONTROL)
+                .is_some_and(|v| vgpu_core::env::go_true(&v)),
+        };
+        (s != ContainerSettings::default()).then_some(s)
+    }
 }
 
 impl PodEntry {
@@ -63,6 +105,12 @@ impl PodEntry {
                     .collect()
             })
             .unwrap_or_default();
+        let settings = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .filter_map(|c| Some((c.name.clone(), ContainerSettings::of(c)?)))
+            .collect();
         Some(PodEntry {
             uid,
             namespace: m.namespace.clone().unwrap_or_default(),
@@ -75,6 +123,7 @@ impl PodEntry {
             pending: matches!(phase, None | Some("Pending")),
             assignment,
             allocated,
+            settings,
         })
     }
 }
@@ -90,6 +139,8 @@ pub struct Claim {
     pub name: String,
     /// The container's assignment.
     pub container: ContainerAssignment,
+    /// What it asks of the runtime beyond its slice.
+    pub settings: ContainerSettings,
 }
 
 /// No pod fits an Allocate.
@@ -256,6 +307,7 @@ impl PodCache {
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
                 container: (*c).clone(),
+                settings: p.settings.get(&c.name).cloned().unwrap_or_default(),
             });
         match chosen {
             Some(claim) => {
@@ -310,11 +362,43 @@ mod tests {
                     .collect(),
             )),
             allocated: Vec::new(),
+            settings: HashMap::new(),
         }
     }
 
     fn ids(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hami_settings_come_from_the_pod_spec() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": "u1", "name": "p", "namespace": "ns"},
+            "spec": {
+                "initContainers": [{"name": "init", "env": [
+                    {"name": "CUDA_DISABLE_CONTROL", "value": "True"}]}],
+                "containers": [
+                    {"name": "main",
+                     "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}},
+                     "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+                             {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "default"}]},
+                    // Only literal values count: a valueFrom is not in the pod.
+                    {"name": "side", "env": [{"name": "GPU_CORE_UTILIZATION_POLICY",
+                        "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]}]}
+        }))
+        .unwrap();
+        let e = PodEntry::from_pod(&pod, "n").unwrap();
+        assert_eq!(
+            e.settings["main"],
+            ContainerSettings {
+                priority: Some("0".into()),
+                // The last of repeated names wins, as in the container runtime.
+                core_policy: Some("default".into()),
+                disable_control: false,
+            }
+        );
+        assert!(e.settings["init"].disable_control);
+        assert!(!e.settings.contains_key("side"));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 use vgpu_core::accounting::MAX_DEVICES;
-use vgpu_core::env::{self, EnvValueError};
+use vgpu_core::env::{self, CorePolicy, EnvValueError};
 use vgpu_core::limits_file::{self, LimitsFileError};
 
 /// A variable whose value cannot be read: the hook prints this and fails closed.
@@ -96,6 +96,8 @@ pub fn load(
         env::MEMORY_LIMIT.to_string(),
         env::SM_LIMIT.to_string(),
         env::SHARED_CACHE.to_string(),
+        env::TASK_PRIORITY.to_string(),
+        env::CORE_POLICY.to_string(),
     ];
     for i in 0..MAX_DEVICES {
         names.push(env::memory_limit_for(i));
@@ -139,6 +141,10 @@ pub struct Config {
     pub cache_path: PathBuf,
     /// CUDA ordinal -> limit index (from `CUDA_VISIBLE_DEVICES` inside the container).
     pub ordinal_map: Vec<usize>,
+    /// Task priority: 0 high, 1 low (`CUDA_TASK_PRIORITY`, default 1).
+    pub priority: u8,
+    /// When the SM limit applies (`GPU_CORE_UTILIZATION_POLICY`, default `force`).
+    pub core_policy: CorePolicy,
 }
 
 impl Config {
@@ -183,11 +189,21 @@ impl Config {
             get("CUDA_VISIBLE_DEVICES").as_deref(),
             get("NVIDIA_VISIBLE_DEVICES").as_deref(),
         );
+        let priority = match get(env::TASK_PRIORITY) {
+            None => env::DEFAULT_PRIORITY,
+            Some(v) => env::parse_priority(&v).map_err(|e| bad(env::TASK_PRIORITY, v, e))?,
+        };
+        let core_policy = match get(env::CORE_POLICY) {
+            None => CorePolicy::default(),
+            Some(v) => CorePolicy::parse(&v).map_err(|e| bad(env::CORE_POLICY, v, e))?,
+        };
         Ok(Config {
             memory_limit,
             sm_limit,
             cache_path,
             ordinal_map,
+            priority,
+            core_policy,
         })
     }
 

@@ -7,6 +7,7 @@
 // The exported names are the CUDA driver API's.
 #![allow(non_snake_case)]
 
+use crate::board::Board;
 use crate::config::Config;
 use crate::ledger::Ledger;
 use crate::meter::{Meters, ThreadMeter};
@@ -15,9 +16,10 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use vgpu_core::accounting::{FILE_WORDS, MAX_DEVICES};
+use vgpu_core::env::CorePolicy;
 
 type CUresult = c_int;
 type CUdeviceptr = u64;
@@ -437,8 +439,12 @@ const SINGLE_YES: u8 = 1;
 const SINGLE_NO: u8 = 2;
 
 impl Throttle {
-    /// `None` when no device has a limit below 100 % (the launch path then does nothing more).
-    fn new(sm_limit: &[u32; MAX_DEVICES]) -> Option<Throttle> {
+    /// `None` when no device has a limit below 100 %, or the core policy is `disable` (the launch
+    /// path then does nothing more).
+    fn new(sm_limit: &[u32; MAX_DEVICES], policy: CorePolicy) -> Option<Throttle> {
+        if policy == CorePolicy::Disable {
+            return None;
+        }
         let limits = sm_limit.map(|l| if l >= 100 { 0 } else { l });
         limits.iter().any(|&l| l > 0).then(|| Throttle {
             limits,
@@ -461,6 +467,140 @@ fn now_ns() -> u64 {
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
+}
+
+/// Milliseconds of `CLOCK_MONOTONIC`: the clock every container of the kernel shares, which the
+/// GPU activity files are written in (vDSO, no syscall).
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000
+}
+
+/// Limit indexes (bit `i`) of the devices where a busy high-priority container pauses this
+/// low-priority process's launches; set by the watcher every period.
+static PAUSED: AtomicU64 = AtomicU64::new(0);
+
+/// How often a paused launch looks whether it may go.
+const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The GPU activity files of this process's devices (`<library dir>/gpus/<limit index>`, mounted
+/// by the device plugin), with its slot in each and the token it claims them with.
+struct Boards {
+    /// (limit index, board).
+    boards: Vec<(usize, Board<'static>)>,
+    /// This process's slot in each board, [`SLOT_UNCLAIMED`] = none.
+    slots: Vec<AtomicUsize>,
+    /// Non-zero, fresh in every process (a forked child draws its own).
+    token: AtomicU32,
+    /// The container's key: the identity of its accounting file.
+    key: u64,
+}
+
+impl Boards {
+    /// Maps the activity files that exist; one line on stderr for one that cannot be used (the
+    /// device then has no priority, and the `default` core policy throttles as `force`).
+    fn open(dir: Option<std::path::PathBuf>, cache: &std::path::Path) -> Boards {
+        let mut boards = Vec::new();
+        for i in 0..MAX_DEVICES {
+            let Some(path) = dir.as_ref().map(|d| d.join("gpus").join(i.to_string())) else {
+                break;
+            };
+            if std::fs::symlink_metadata(&path).is_err() {
+                continue;
+            }
+            let words = map_existing(&path, vgpu_core::activity::FILE_WORDS);
+            match words.map(|w| Board::new(w).ok_or("it has another layout".to_string())) {
+                Ok(Ok(b)) => boards.push((i, b)),
+                Ok(Err(e)) | Err(e) => eprintln!(
+                    "vgpu: GPU activity file {}: {e}; task priority is off on device {i}",
+                    path.display()
+                ),
+            }
+        }
+        use std::os::unix::fs::MetadataExt;
+        let key = std::fs::metadata(cache)
+            .map(|m| m.dev().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ m.ino())
+            .unwrap_or(1)
+            .max(1);
+        Boards {
+            slots: boards
+                .iter()
+                .map(|_| AtomicUsize::new(SLOT_UNCLAIMED))
+                .collect(),
+            boards,
+            token: AtomicU32::new(random_token()),
+            key,
+        }
+    }
+
+    /// One watcher period: beats (claiming a slot where it has none) and returns the limit
+    /// indexes where a high-priority container is busy and where another container launches.
+    fn tick(&self, priority: u8, now_ms: u64, launched: bool) -> (u64, u64) {
+        let token = self.token.load(Ordering::Relaxed);
+        let (mut paused, mut shared) = (0u64, 0u64);
+        for ((i, b), slot) in self.boards.iter().zip(&self.slots) {
+            let mut s = slot.load(Ordering::Relaxed);
+            if s == SLOT_UNCLAIMED || !b.beat(s, token, now_ms, launched) {
+                s = b
+                    .claim(token, self.key, priority, now_ms)
+                    .unwrap_or(SLOT_UNCLAIMED);
+                if s != SLOT_UNCLAIMED {
+                    b.beat(s, token, now_ms, launched);
+                }
+                slot.store(s, Ordering::Relaxed);
+            }
+            let me = (s != SLOT_UNCLAIMED).then_some(s);
+            if priority > 0 && b.high_priority_busy(me, now_ms) {
+                paused |= 1 << i;
+            }
+            if b.shared(self.key, now_ms) {
+                shared |= 1 << i;
+            }
+        }
+        (paused, shared)
+    }
+
+    /// Whether device `d` has an activity file (without one, it counts as shared).
+    fn has(&self, d: usize) -> bool {
+        self.boards.iter().any(|(i, _)| *i == d)
+    }
+
+    /// Gives the slots back (a normal exit), so the others need not wait for them to expire.
+    fn release(&self) {
+        let token = self.token.load(Ordering::Relaxed);
+        for ((_, b), slot) in self.boards.iter().zip(&self.slots) {
+            let s = slot.swap(SLOT_UNCLAIMED, Ordering::Relaxed);
+            if s != SLOT_UNCLAIMED {
+                b.release(s, token);
+            }
+        }
+    }
+
+    /// A forked child: no slots, its own token.
+    fn forget(&self) {
+        for slot in &self.slots {
+            slot.store(SLOT_UNCLAIMED, Ordering::Relaxed);
+        }
+        self.token.store(random_token(), Ordering::Relaxed);
+    }
+}
+
+/// A random non-zero claim token.
+fn random_token() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom fills at most the 4 bytes of the buffer it is given.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    let t = if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        std::process::id() ^ (monotonic_ms() as u32).rotate_left(16)
+    };
+    t.max(1)
 }
 
 /// How often the watcher reclaims the slots of dead processes (their memory returns to the
@@ -491,8 +631,15 @@ fn watch(h: &'static Hook) {
     let me = std::process::id();
     // Whether this process still looks for its host pid (see find_host_pid).
     let mut searching = true;
+    let mut last_launches = METERS.launches();
     for tick in 1u32.. {
         std::thread::sleep(throttle::PERIOD);
+        let launches = METERS.launches();
+        let (paused, shared) =
+            h.boards
+                .tick(h.config.priority, monotonic_ms(), launches != last_launches);
+        last_launches = launches;
+        PAUSED.store(paused, Ordering::Relaxed);
         if let Some(t) = &h.throttle {
             if let Some(slot) = h.claimed_slot().filter(|_| searching) {
                 searching = h.ledger.host_pid(slot) == 0
@@ -505,7 +652,17 @@ fn watch(h: &'static Hook) {
             let pids = h.ledger.pids();
             for (nv, d, handle, c, last_seen) in &mut devices {
                 let u = utilization(nv, *handle, &pids, last_seen);
-                c.step(&t.buckets[*d], METERS.blocks_on(*d), now_ns(), u);
+                // `default`: throttled only while another container launches on the GPU (a
+                // device without an activity file counts as shared).
+                let alone = h.config.core_policy == CorePolicy::Default
+                    && h.boards.has(*d)
+                    && shared & (1 << *d) == 0;
+                if alone {
+                    t.buckets[*d].unthrottle();
+                    c.step(&t.buckets[*d], METERS.blocks_on(*d), now_ns(), None);
+                } else {
+                    c.step(&t.buckets[*d], METERS.blocks_on(*d), now_ns(), u);
+                }
             }
         }
         flush_launches(h);
@@ -568,6 +725,8 @@ struct Hook {
     ledger: Ledger<'static>,
     /// Core limit; `None` when no device is limited.
     throttle: Option<Throttle>,
+    /// The GPU activity files (task priority, the `default` core policy).
+    boards: Boards,
     /// Whether the driver shows this process a single device: [`SINGLE_UNKNOWN`] until a launch or
     /// an allocation asks, then [`SINGLE_YES`] (they skip `cuCtxGetDevice`) or [`SINGLE_NO`].
     single: AtomicU8,
@@ -633,6 +792,7 @@ fn flush_launches(h: &Hook) {
 extern "C" fn flush_at_exit() {
     if let Some(Ok(h)) = HOOK.get() {
         flush_launches(h);
+        h.boards.release();
     }
 }
 
@@ -705,7 +865,8 @@ fn init() -> Result<Hook, CUresult> {
         libc::atexit(flush_at_exit);
     }
     Ok(Hook {
-        throttle: Throttle::new(&config.sm_limit),
+        throttle: Throttle::new(&config.sm_limit, config.core_policy),
+        boards: Boards::open(library_dir(), &config.cache_path),
         single: AtomicU8::new(SINGLE_UNKNOWN),
         single_index: config.limit_index(0),
         watcher: AtomicBool::new(false),
@@ -751,6 +912,8 @@ extern "C" fn after_fork_child() {
         // claims the child's slot) at its next launch.
         METERS.reset();
         let _ = METER.try_with(|m| m.set(None));
+        h.boards.forget();
+        PAUSED.store(0, Ordering::SeqCst);
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -850,12 +1013,19 @@ fn map_file(path: &std::path::Path) -> Result<&'static [AtomicU64], MapError> {
             }
         }
     }
-    // SAFETY: a shared read-write mapping of the FILE_WORDS words just sized; never unmapped, so the
-    // 'static slice stays valid for the life of the process.
+    map_words(&file, FILE_WORDS)
+}
+
+/// Maps the first `words` words of `file` (at least that long) shared, read-write, for the life
+/// of the process.
+fn map_words(file: &std::fs::File, words: usize) -> Result<&'static [AtomicU64], MapError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a shared read-write mapping of `words` words of a file at least that long; never
+    // unmapped, so the 'static slice stays valid for the life of the process.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            FILE_WORDS * 8,
+            words * 8,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             file.as_raw_fd(),
@@ -865,12 +1035,31 @@ fn map_file(path: &std::path::Path) -> Result<&'static [AtomicU64], MapError> {
     if p == libc::MAP_FAILED {
         return Err(MapError {
             step: "cannot map it",
-            source: Error::last_os_error(),
+            source: std::io::Error::last_os_error(),
         });
     }
-    // SAFETY: page-aligned mapping of FILE_WORDS u64s; AtomicU64 has the layout of u64, and every
+    // SAFETY: page-aligned mapping of `words` u64s; AtomicU64 has the layout of u64, and every
     // process accesses the words only atomically.
-    Ok(unsafe { std::slice::from_raw_parts(p as *const AtomicU64, FILE_WORDS) })
+    Ok(unsafe { std::slice::from_raw_parts(p as *const AtomicU64, words) })
+}
+
+/// Maps an activity file the device plugin made (never created or grown here): a regular file,
+/// not followed if a symlink, at least `words` words long.
+fn map_existing(path: &std::path::Path, words: usize) -> Result<&'static [AtomicU64], String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open it for writing: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?;
+    if !meta.is_file() || meta.len() < (words * 8) as u64 {
+        return Err(format!("not a regular file of {} bytes or more", words * 8));
+    }
+    map_words(&file, words).map_err(|e| e.to_string())
 }
 
 fn alive(pid: u32) -> bool {
@@ -1085,6 +1274,9 @@ impl Hook {
             Some(m) => m,
             None => self.register(),
         };
+        if PAUSED.load(Ordering::Relaxed) != 0 {
+            self.wait_while_paused();
+        }
         if let Some(t) = &self.throttle {
             self.throttle_launch(t, m, blocks);
         }
@@ -1093,6 +1285,22 @@ impl Hook {
             m.launched();
         }
         r
+    }
+
+    /// A low-priority launch on a device where a high-priority container is busy: waits until
+    /// the watcher sees that container idle (or gone), and meters the wait as throttled time.
+    #[cold]
+    fn wait_while_paused(&'static self) {
+        let Ok(d) = self.current_device() else {
+            return;
+        };
+        let started = now_ns();
+        while d < 64 && PAUSED.load(Ordering::Relaxed) & (1 << d) != 0 {
+            std::thread::sleep(PAUSE_POLL);
+        }
+        if let Ok(s) = self.slot() {
+            self.ledger.throttled(s, now_ns().saturating_sub(started));
+        }
     }
 
     /// A thread's first launch: takes a meter and claims the process's slot, which starts the

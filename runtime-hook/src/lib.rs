@@ -5,8 +5,9 @@
 //! `cuMemGetInfo`/`cuDeviceTotalMem` report the slice, not the GPU.
 //!
 //! Layout: [`config`] reads the environment contract, [`ledger`] is the lock-free accounting over the
-//! shared words, [`meter`] holds the per-thread launch meters and [`throttle`] the core limit; all
-//! safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver lookup with the real
+//! shared words, [`meter`] holds the per-thread launch meters, [`throttle`] the core limit and
+//! [`board`] what the containers on one GPU tell each other (task priority, whether the GPU is
+//! shared); all safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver lookup with the real
 //! `dlsym`, the file mapping, the exported functions), because a preload library cannot be written
 //! without it; every unsafe block there carries a `SAFETY` comment. Every exported function runs
 //! inside a panic boundary that turns a panic into `CUDA_ERROR_UNKNOWN`.
@@ -19,6 +20,7 @@
 //! once it has exited; a process killed by a signal loses at most its last period's launches.
 #![deny(unsafe_code)]
 
+pub mod board;
 pub mod config;
 mod ffi;
 pub mod ledger;

@@ -97,6 +97,14 @@ impl Bucket {
         (nspb > 0.0).then(|| 1e9 / nspb)
     }
 
+    /// Stops throttling (the `default` core policy while the GPU is not shared); prepaid tokens
+    /// stay valid and every later purchase is free until the next [`Bucket::set_rate`].
+    pub fn unthrottle(&self) {
+        if self.ns_per_block.swap(0, Relaxed) != 0 {
+            self.epoch.fetch_add(1, Relaxed);
+        }
+    }
+
     /// Sets the refill rate; debt older than one burst is forgiven (it was owed at the old rate), and
     /// every pool's prepaid tokens beyond one batch at the new rate are taken back at its next
     /// launch (they were bought at the old rate, or for nothing before the first rate).
@@ -278,6 +286,20 @@ mod tests {
             self.consumed += blocks;
             self.pool.take(&self.bucket, now, blocks)
         }
+    }
+
+    #[test]
+    fn unthrottling_frees_the_bucket_until_the_next_rate() {
+        let mut p = Proc::default();
+        p.bucket.set_rate(1000.0, 0);
+        let waited: u64 = (0..100).map(|i| p.take(i, 1000)).sum();
+        assert!(waited > 0);
+        p.bucket.unthrottle();
+        assert_eq!(p.bucket.rate(), None);
+        assert!((0..100).all(|i| p.take(1_000_000 + i, 1000) == 0));
+        p.bucket.set_rate(1000.0, 2_000_000);
+        let waited: u64 = (0..100).map(|i| p.take(2_000_000 + i, 1000)).sum();
+        assert!(waited > 0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The user's journey through a real cluster: mutate, quota, place, allocate, run capped, Pending
-//! reasons, deletes that free, pods vgpu must leave alone, and HAMi's GPU cordon and mutex policy.
+//! reasons, deletes that free, pods vgpu must leave alone, and HAMi's GPU cordon, mutex policy,
+//! task priority and core-limit policy.
 
 use crate::image::PROBE_IMAGE;
 use crate::kube::{Cluster, WAIT};
@@ -134,6 +135,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         self.step4_deletes_free_the_gpu_and_the_quota(&a);
         self.step5_other_pods_are_untouched();
         self.step6_hami_cordon_and_mutex();
+        self.step7_hami_priority_and_core_policy();
     }
 
     /// Step 1: a vGPU pod in a labelled namespace is mutated, placed through the extender,
@@ -561,6 +563,82 @@ impl<'p, 'c> Journey<'p, 'c> {
         c.delete(&["pod", "mutex", "-n", NS_FREE]);
         c.wait_running(NS_FREE, "joins", step);
         c.delete(&["pod", "joins", "-n", NS_FREE]);
+    }
+
+    /// Step 7: HAMi's task priority through the real kubelet: a pod with `nvidia.com/priority: 0`
+    /// pauses a low-priority pod's launches on the same GPU while it launches (the device plugin
+    /// mounts the GPU's activity file into both, non-root); a pod that disables the core limit
+    /// outside the allowed namespaces is refused naming the rule, and so is a priority that is not
+    /// 0 or 1.
+    fn step7_hami_priority_and_core_policy(&mut self) {
+        let step = "step 7 (priority and core policy)";
+        let c = self.cluster();
+        let launcher = |name: &str, priority: Option<&str>, ms: u32| {
+            let mut limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"});
+            if let Some(p) = priority {
+                limits["nvidia.com/priority"] = json!(p);
+            }
+            let rate = format!("rate:{ms}:100:4");
+            let mut pod = probe_pod(name, limits, &["direct", "init", "ctx:0", &rate]);
+            // The fake GPU runs 200 us per launch: 5000 launches/s at most.
+            pod["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .expect("env")
+                .push(json!({"name": "FAKE_CUDA_BLOCK_NS", "value": "50000"}));
+            pod
+        };
+        let windows = |logs: &str| -> Vec<f64> {
+            logs.lines()
+                .filter_map(|l| l.strip_prefix("window "))
+                .filter_map(|l| l.split(' ').next()?.parse().ok())
+                .collect()
+        };
+        // Whether a log line is a window starting at `ms` or later.
+        let past = |l: &str, ms: f64| {
+            l.strip_prefix("window ")
+                .and_then(|l| l.split(' ').next()?.parse::<f64>().ok())
+                .is_some_and(|t| t >= ms)
+        };
+        c.create_in(NS_FREE, launcher("low", None, 9000))
+            .unwrap_or_else(|e| panic!("{step}: low: {e}"));
+        c.logs_until(NS_FREE, "low", step, |l| past(l, 1000.0));
+        c.create_in(NS_FREE, launcher("high", Some("0"), 2000))
+            .unwrap_or_else(|e| panic!("{step}: high: {e}"));
+        c.logs_until(NS_FREE, "high", step, |l| past(l, 1800.0));
+        let logs = c.logs_until(NS_FREE, "low", step, |l| past(l, 8800.0));
+        // Launch windows are 100 ms; a paused launch holds its window open while the high pod
+        // launches (about 2 s).
+        let starts = windows(&logs);
+        let longest = starts.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        crate::report(&format!(
+            "a low-priority pod paused {longest:.0} ms while a high-priority pod launched for 2000 ms"
+        ));
+        assert!(
+            longest >= 1200.0,
+            "{step}: the low-priority pod never paused: {logs}"
+        );
+        c.delete(&["pod", "low", "high", "-n", NS_FREE]);
+
+        let mut lifted = slice_pod("lifted", 1024, 30);
+        lifted["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .expect("env")
+            .push(json!({"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}));
+        let e = c
+            .create_in(NS_FREE, lifted)
+            .expect_err("a pod disabling its core limit was admitted");
+        assert!(
+            e.contains("GPU_CORE_UTILIZATION_POLICY=disable lifts the core limit")
+                && e.contains("rule denyDisableControl"),
+            "{step}: {e}"
+        );
+        let e = c
+            .create_in(NS_FREE, launcher("urgent", Some("5"), 100))
+            .expect_err("a pod with priority 5 was admitted");
+        assert!(
+            e.contains("nvidia.com/priority: \"5\" is not a task priority"),
+            "{step}: {e}"
+        );
     }
 }
 

@@ -379,9 +379,29 @@ async fn allocate_single_and_multi_gpu_from_the_assignment() {
                 format!("{host}/limits/{one}_main.env").as_str(),
                 true
             ),
+            (
+                "/usr/local/vgpu/gpus/0",
+                format!("{host}/gpus/{GPU1}").as_str(),
+                false
+            ),
         ]
     );
     assert!(Path::new(&dir).is_dir(), "per-container dir created");
+    // The GPU's activity file: laid out, open to every container user.
+    let board = env.host_dir.join(format!("gpus/{GPU1}"));
+    let bytes = std::fs::read(&board).unwrap();
+    let words: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert!(vgpu_core::activity::layout_ok(&words));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&board).unwrap().permissions().mode() & 0o777,
+        0o666
+    );
+    assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "1");
+    assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
     // The read-only limits file the hook trusts says exactly what the environment says.
     let file = vgpu_core::limits_file::parse(
         &std::fs::read_to_string(env.host_dir.join(format!("limits/{one}_main.env"))).unwrap(),

@@ -561,6 +561,10 @@ fn chart_renders_and_wires_up_for_every_values_set() {
         .any(|c| c["metadata"]["name"] == "vgpu-certs-renew"));
     let dp = args(chart.container("DaemonSet", "vgpu-device-plugin", "device-plugin"));
     assert!(dp.contains(&"--split-count=10".to_string()), "{dp:?}");
+    assert!(
+        dp.contains(&"--gpu-core-policy=force".to_string()),
+        "{dp:?}"
+    );
     let ds = chart.get("DaemonSet", "vgpu-device-plugin");
     assert_eq!(ds["spec"]["template"]["spec"]["nodeSelector"]["gpu"], "on");
     let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
@@ -614,7 +618,8 @@ fn chart_renders_and_wires_up_for_every_values_set() {
             "nvidia.com/gpu",
             "nvidia.com/gpumem",
             "nvidia.com/gpumem-percentage",
-            "nvidia.com/gpucores"
+            "nvidia.com/gpucores",
+            "nvidia.com/priority"
         ]
     );
     let extender = args(chart.container("Deployment", "vgpu-scheduler", "vgpu-scheduler"));

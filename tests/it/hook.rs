@@ -1126,3 +1126,258 @@ fn unusable_accounting_file_fails_closed_with_one_line() {
     assert!(status.success(), "{out:?} {err}");
     assert_fails_closed(&out, &err, &cache, "os error 30");
 }
+
+/// Two "containers" on one GPU: the hook copied into a directory with the GPU's activity file at
+/// `gpus/0` (as the device plugin mounts it), each container with its own accounting file.
+struct SharedGpu {
+    env: Env,
+    hook: PathBuf,
+}
+
+impl SharedGpu {
+    fn new() -> SharedGpu {
+        let env = setup();
+        let lib = env.dir.path().join("lib");
+        std::fs::create_dir_all(lib.join("gpus")).unwrap();
+        let hook = lib.join("libvgpu.so");
+        std::fs::copy(&env.hook, &hook).unwrap();
+        std::fs::write(lib.join("gpus/0"), vgpu_core::activity::initial_bytes()).unwrap();
+        SharedGpu { env, hook }
+    }
+
+    /// The probe as container `name` with `vars`, stdout piped.
+    fn spawn(&self, name: &str, vars: &[(&str, &str)], args: &[&str]) -> std::process::Child {
+        let mut cmd = Command::new(&self.env.probe);
+        cmd.args(args)
+            .env_clear()
+            .env("LD_LIBRARY_PATH", self.env.dir.path())
+            .env("LD_PRELOAD", &self.hook)
+            .env("FAKE_CUDA_BLOCK_NS", "50000")
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                self.env.dir.path().join(name).join("vgpu.cache"),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    fn snapshot(&self, name: &str) -> Snapshot {
+        let path = self.env.dir.path().join(name).join("vgpu.cache");
+        Snapshot::parse(&std::fs::read(path).unwrap()).unwrap()
+    }
+}
+
+/// A probe's `window` lines so far, and whether its output has ended.
+type Windows = std::sync::Arc<std::sync::Mutex<(Vec<(f64, f64)>, bool)>>;
+
+/// A probe's `window` lines as they come.
+fn stream_windows(child: &mut std::process::Child) -> Windows {
+    use std::io::BufRead;
+    let out = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), false)));
+    let writer = seen.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if let [(t, r)] = windows(&[line])[..] {
+                writer.lock().unwrap().0.push((t, r));
+            }
+        }
+        writer.lock().unwrap().1 = true;
+    });
+    seen
+}
+
+/// Launches a probe made within `[from, to)` ms of its own clock, from its windows (each window
+/// runs from its start to the next one's).
+fn launches_between(w: &[(f64, f64)], from: f64, to: f64) -> f64 {
+    w.windows(2)
+        .map(|p| {
+            let (s, e, rate) = (p[0].0, p[1].0, p[0].1);
+            let overlap = (e.min(to) - s.max(from)).max(0.0);
+            // The window's launches spread evenly over it.
+            rate * (e - s) / 1000.0 * overlap / (e - s).max(1e-9)
+        })
+        .sum()
+}
+
+/// Task priority (HAMi's `CUDA_TASK_PRIORITY`, from `nvidia.com/priority`): while a high-priority
+/// container launches on the GPU, a low-priority one's launches wait (its launch rate drops to
+/// nearly 0 within about 150 ms: one 50 ms watcher period plus the 100 ms window), and it
+/// resumes by itself once the high one has stopped; a SIGKILLed high one leaves it paused for
+/// well under a second.
+#[test]
+fn a_low_priority_container_waits_while_a_high_one_launches() {
+    let _serial = timing();
+    let gpu = SharedGpu::new();
+    let low_vars = [("CUDA_TASK_PRIORITY", "1")];
+    let high_vars = [("CUDA_TASK_PRIORITY", "0")];
+    let wait = std::time::Duration::from_secs(20);
+
+    // The high one runs 1.5 s and exits.
+    let mut low = gpu.spawn(
+        "low",
+        &low_vars,
+        &["direct", "init", "ctx:0", "rate:4500:100:4"],
+    );
+    let low_windows = stream_windows(&mut low);
+    let ms_at_spawn = vgpu_tests::wait_for(wait, "the low one's first 500 ms", || {
+        let w = low_windows.lock().unwrap();
+        w.0.iter().find(|x| x.0 >= 500.0).map(|x| x.0 + 100.0)
+    });
+    let high_started = std::time::Instant::now();
+    let mut high = gpu.spawn(
+        "high",
+        &high_vars,
+        &["direct", "init", "ctx:0", "rate:1500:100:4"],
+    );
+    assert!(high.wait().unwrap().success());
+    let high_ran = high_started.elapsed().as_secs_f64() * 1e3;
+    assert!(low.wait().unwrap().success());
+    vgpu_tests::wait_for(wait, "the low one's output", || {
+        low_windows.lock().unwrap().1.then_some(())
+    });
+    let w = low_windows.lock().unwrap().0.clone();
+    let before = launches_between(&w, 0.0, ms_at_spawn) / ms_at_spawn;
+    let (from, to) = (ms_at_spawn + 300.0, ms_at_spawn + high_ran - 100.0);
+    let during = launches_between(&w, from, to) / (to - from);
+    let after_from = ms_at_spawn + high_ran + 400.0;
+    let last = w.last().map_or(0.0, |x| x.0);
+    let after = launches_between(&w, after_from, last) / (last - after_from);
+    eprintln!("low launches per ms: before {before:.2}, during the high one {during:.3}, after {after:.2}; windows {w:?}");
+    assert!(before > 1.0, "the low one ran before: {w:?}");
+    assert!(
+        during < 0.05 * before,
+        "not paused: {during} of {before} per ms; {w:?}"
+    );
+    assert!(
+        after > 0.5 * before,
+        "did not resume: {after} of {before} per ms; {w:?}"
+    );
+    // The pause is metered as throttled time.
+    assert!(gpu.snapshot("low").throttled_ns() > 1_000_000_000);
+    assert_eq!(gpu.snapshot("high").throttled_ns(), 0);
+
+    // The high one is SIGKILLed while it launches.
+    let mut low = gpu.spawn(
+        "low",
+        &low_vars,
+        &["direct", "init", "ctx:0", "rate:4000:100:4"],
+    );
+    let low_windows = stream_windows(&mut low);
+    let ms_at_spawn = vgpu_tests::wait_for(wait, "the low one's first 500 ms", || {
+        let w = low_windows.lock().unwrap();
+        w.0.iter().find(|x| x.0 >= 500.0).map(|x| x.0 + 100.0)
+    });
+    let high_started = std::time::Instant::now();
+    let mut high = gpu.spawn(
+        "high",
+        &high_vars,
+        &["direct", "init", "ctx:0", "rate:60000:100:4"],
+    );
+    let high_windows = stream_windows(&mut high);
+    vgpu_tests::wait_for(wait, "the high one's launches", || {
+        (high_windows.lock().unwrap().0.len() >= 5).then_some(())
+    });
+    high.kill().unwrap();
+    let killed_at = ms_at_spawn + high_started.elapsed().as_secs_f64() * 1e3;
+    high.wait().unwrap();
+    assert!(low.wait().unwrap().success());
+    vgpu_tests::wait_for(wait, "the low one's output", || {
+        low_windows.lock().unwrap().1.then_some(())
+    });
+    let w = low_windows.lock().unwrap().0.clone();
+    let before = launches_between(&w, 0.0, ms_at_spawn) / ms_at_spawn;
+    // The first window after the kill that runs at half the earlier rate or more.
+    let resumed = w
+        .windows(2)
+        .find(|p| p[0].0 >= killed_at - 100.0 && p[0].1 / 1000.0 > 0.5 * before)
+        .map(|p| p[0].0)
+        .unwrap_or_else(|| panic!("never resumed after the kill at {killed_at:.0} ms: {w:?}"));
+    eprintln!("killed at {killed_at:.0} ms, the low one resumed at {resumed:.0} ms");
+    assert!(
+        resumed - killed_at < 1000.0,
+        "paused {:.0} ms after the high one was killed: {w:?}",
+        resumed - killed_at
+    );
+}
+
+/// `GPU_CORE_UTILIZATION_POLICY` (HAMi's): `force` throttles a 30 % container always (the
+/// default, as before), `disable` never, and `default` only while another container launches on
+/// the GPU.
+#[test]
+fn the_core_policy_decides_when_the_sm_limit_applies() {
+    let _serial = timing();
+    let gpu = SharedGpu::new();
+    let wait = std::time::Duration::from_secs(20);
+    let run_alone = |name: &str, policy: &str| {
+        let mut c = gpu.spawn(
+            name,
+            &[
+                ("CUDA_DEVICE_SM_LIMIT", "30"),
+                ("GPU_CORE_UTILIZATION_POLICY", policy),
+            ],
+            &["direct", "init", "ctx:0", "rate:1500:100:4"],
+        );
+        assert!(c.wait().unwrap().success());
+        gpu.snapshot(name).throttled_ns()
+    };
+    assert!(run_alone("force", "force") > 200_000_000);
+    assert_eq!(run_alone("disable", "disable"), 0);
+    assert_eq!(run_alone("alone", "default"), 0);
+
+    // Another container launches the whole time: `default` throttles to 30 %.
+    let mut other = gpu.spawn(
+        "other",
+        &[],
+        &["direct", "init", "ctx:0", "rate:6000:100:4"],
+    );
+    let other_windows = stream_windows(&mut other);
+    vgpu_tests::wait_for(wait, "the other container's launches", || {
+        (other_windows.lock().unwrap().0.len() >= 3).then_some(())
+    });
+    let mut shared = gpu.spawn(
+        "shared",
+        &[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("GPU_CORE_UTILIZATION_POLICY", "default"),
+        ],
+        &["direct", "init", "ctx:0", "rate:3000:250:4"],
+    );
+    let shared_windows = stream_windows(&mut shared);
+    assert!(shared.wait().unwrap().success());
+    other.kill().unwrap();
+    other.wait().unwrap();
+    vgpu_tests::wait_for(wait, "the shared container's output", || {
+        shared_windows.lock().unwrap().1.then_some(())
+    });
+    let w = shared_windows.lock().unwrap().0.clone();
+    let pace = 1e9 / (4.0 * 50_000.0);
+    let late: Vec<f64> = w
+        .iter()
+        .filter(|x| x.0 >= 2000.0)
+        .map(|x| x.1 / pace)
+        .collect();
+    assert!(!late.is_empty(), "{w:?}");
+    assert!(
+        late.iter().all(|s| *s < 0.4),
+        "not throttled while shared: shares {late:?} of {pace}/s"
+    );
+    assert!(gpu.snapshot("shared").throttled_ns() > 200_000_000);
+
+    // A bad value fails closed, naming the variable.
+    let bad = gpu.spawn(
+        "bad",
+        &[("GPU_CORE_UTILIZATION_POLICY", "sometimes")],
+        &["direct", "init"],
+    );
+    let out = bad.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("GPU_CORE_UTILIZATION_POLICY=\"sometimes\" is invalid"),
+        "{stderr}"
+    );
+}

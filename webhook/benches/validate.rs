@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion) {
             let p = black_box(&incoming_pod);
             let containers = policy::vgpu_containers(p, &policy).unwrap_or_default();
             let largest = cache.largest_card_mib();
-            let ok = policy::check(p, true, &containers, &rules, largest).is_ok();
+            let ok = policy::check(p, "bench", true, &containers, &rules, largest).is_ok();
             let usage = pod_usage(p, &policy, largest.unwrap_or(0)).unwrap_or_default();
             let incoming =
                 ledger::reservation("uid-new", "new", usage, std::time::Duration::from_secs(60));

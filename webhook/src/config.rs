@@ -17,6 +17,8 @@
 //!   denyPreloadOverride: true
 //!   denyOversizedGpumem: true
 //!   protectedPaths: [/etc/ld.so.preload, /usr/local/vgpu]
+//!   denyDisableControl: true
+//!   disableControlNamespaces: []   # may set CUDA_DISABLE_CONTROL / GPU_CORE_UTILIZATION_POLICY=disable
 //! ```
 //!
 //! Every key is optional; unknown keys are an error, so a typo never silently keeps a default.

@@ -290,7 +290,14 @@ impl Validator {
             return Break((allow, "no-vgpu"));
         }
         let largest = self.cache.largest_card_mib();
-        if let Err(v) = policy::check(pod, true, &containers, &self.settings.rules, largest) {
+        if let Err(v) = policy::check(
+            pod,
+            &namespace,
+            true,
+            &containers,
+            &self.settings.rules,
+            largest,
+        ) {
             return Break(self.policy_denial(request, pod, &namespace, dry_run, v));
         }
         Continue(Admissible {

@@ -30,6 +30,11 @@ pub struct PolicyRules {
     pub deny_oversized_gpumem: bool,
     /// Paths a vGPU container may not mount over (nor any directory above or below them).
     pub protected_paths: Vec<String>,
+    /// HAMi's switches that lift a container's limits, `CUDA_DISABLE_CONTROL` (no hook at all) and
+    /// `GPU_CORE_UTILIZATION_POLICY=disable` (no core limit), outside `disable_control_namespaces`.
+    pub deny_disable_control: bool,
+    /// Namespaces whose pods may use those switches (an administrator's own workloads).
+    pub disable_control_namespaces: Vec<String>,
 }
 
 impl Default for PolicyRules {
@@ -42,6 +47,8 @@ impl Default for PolicyRules {
             deny_preload_override: true,
             deny_oversized_gpumem: true,
             protected_paths: vec!["/etc/ld.so.preload".into(), "/usr/local/vgpu".into()],
+            deny_disable_control: true,
+            disable_control_namespaces: Vec::new(),
         }
     }
 }
@@ -59,6 +66,7 @@ pub struct Violation {
 /// inventory is known (the size rule is then skipped).
 pub fn check(
     pod: &Value,
+    namespace: &str,
     operation_create: bool,
     requests: &[(PodContainer<'_>, VgpuRequest)],
     rules: &PolicyRules,
@@ -167,6 +175,9 @@ pub fn check(
                 ));
             }
         }
+        if let Some(v) = settings_violation(c, namespace, rules) {
+            return Err(v);
+        }
         if rules.deny_oversized_gpumem {
             if let (Memory::Mib(m), Some(largest)) = (req.memory, largest_card_mib) {
                 if m > largest {
@@ -179,6 +190,69 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// HAMi's runtime settings of a vGPU container (read by the device plugin at Allocate): values it
+/// could not use, and the switches that lift limits where `denyDisableControl` forbids them.
+fn settings_violation(
+    c: &PodContainer<'_>,
+    namespace: &str,
+    rules: &PolicyRules,
+) -> Option<Violation> {
+    let name = &c.resources.name;
+    let value_of = |var: &str| {
+        c.json
+            .get("env")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.get("name").and_then(Value::as_str) == Some(var))
+            .filter_map(|e| e.get("value").and_then(Value::as_str))
+            .next_back()
+    };
+    let invalid = |what: String| Violation {
+        rule: "validSettings",
+        message: format!("vgpu: container {name:?}: {what}"),
+    };
+    let priority = c
+        .json
+        .pointer("/resources/limits")
+        .and_then(|l| l.get(vgpu_core::env::TASK_PRIORITY_RESOURCE))
+        .and_then(Value::as_str);
+    if let Some(p) = priority {
+        if let Err(e) = env::parse_priority(p) {
+            return Some(invalid(format!(
+                "resource {}: {e}",
+                vgpu_core::env::TASK_PRIORITY_RESOURCE
+            )));
+        }
+    }
+    let policy = match value_of(env::CORE_POLICY).map(env::CorePolicy::parse) {
+        Some(Err(e)) => return Some(invalid(format!("env {}: {e}", env::CORE_POLICY))),
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let allowed = !rules.deny_disable_control
+        || rules
+            .disable_control_namespaces
+            .iter()
+            .any(|n| n == namespace);
+    if allowed {
+        return None;
+    }
+    let lifted = if value_of(env::DISABLE_CONTROL).is_some_and(env::go_true) {
+        Some(format!("{} lifts every vGPU limit", env::DISABLE_CONTROL))
+    } else if policy == Some(env::CorePolicy::Disable) {
+        Some(format!("{}=disable lifts the core limit", env::CORE_POLICY))
+    } else {
+        None
+    };
+    lifted.map(|what| Violation {
+        rule: "denyDisableControl",
+        message: format!(
+            "vgpu policy: container {name:?}: {what}; only namespaces in policy.disableControlNamespaces may set it (rule denyDisableControl)"
+        ),
+    })
 }
 
 /// The rule for a Pod UPDATE by `username`: only the configured writers may change the reserved
@@ -257,7 +331,7 @@ mod tests {
 
     fn run(pod: Value, rules: &PolicyRules) -> Result<(), Violation> {
         let reqs = vgpu_containers(&pod, &RequestPolicy::default()).unwrap();
-        check(&pod, true, &reqs, rules, Some(81920))
+        check(&pod, "team-a", true, &reqs, rules, Some(81920))
     }
 
     fn gpu_pod(container: Value) -> Value {
@@ -271,6 +345,62 @@ mod tests {
 
     fn rule_of(pod: Value) -> &'static str {
         run(pod, &PolicyRules::default()).unwrap_err().rule
+    }
+
+    #[test]
+    fn hami_switches_that_lift_limits_need_an_allowed_namespace() {
+        let with_env =
+            |name: &str, value: &str| gpu_pod(json!({"env": [{"name": name, "value": value}]}));
+        let e = run(
+            with_env("CUDA_DISABLE_CONTROL", "true"),
+            &PolicyRules::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, "denyDisableControl");
+        assert_eq!(
+            e.message,
+            "vgpu policy: container \"train\": CUDA_DISABLE_CONTROL lifts every vGPU limit; only namespaces in policy.disableControlNamespaces may set it (rule denyDisableControl)"
+        );
+        assert_eq!(
+            rule_of(with_env("GPU_CORE_UTILIZATION_POLICY", "Disable")),
+            "denyDisableControl"
+        );
+        // Settings that lift nothing pass anywhere.
+        let fine = PolicyRules::default();
+        assert_eq!(
+            run(with_env("CUDA_DISABLE_CONTROL", "false"), &fine),
+            Ok(())
+        );
+        assert_eq!(
+            run(with_env("GPU_CORE_UTILIZATION_POLICY", "default"), &fine),
+            Ok(())
+        );
+        // An allowed namespace, or the rule off.
+        let admin = PolicyRules {
+            disable_control_namespaces: vec!["team-a".into()],
+            ..PolicyRules::default()
+        };
+        assert_eq!(run(with_env("CUDA_DISABLE_CONTROL", "1"), &admin), Ok(()));
+        let off = PolicyRules {
+            deny_disable_control: false,
+            ..PolicyRules::default()
+        };
+        assert_eq!(
+            run(with_env("GPU_CORE_UTILIZATION_POLICY", "disable"), &off),
+            Ok(())
+        );
+        // Values the device plugin could not use are refused whatever the rules say.
+        let e = run(with_env("GPU_CORE_UTILIZATION_POLICY", "half"), &off).unwrap_err();
+        assert_eq!(
+            e.message,
+            "vgpu: container \"train\": env GPU_CORE_UTILIZATION_POLICY: \"half\" is not one of default, force, disable"
+        );
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "train",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": "high"}}}]}});
+        assert_eq!(
+            run(pod, &off).unwrap_err().message,
+            "vgpu: container \"train\": resource nvidia.com/priority: \"high\" is not a task priority (0 high, 1 low)"
+        );
     }
 
     #[test]
@@ -365,7 +495,14 @@ mod tests {
         assert_eq!(rule_of(allocated), "denyReservedAnnotations");
         let reqs = vgpu_containers(&forged, &RequestPolicy::default()).unwrap();
         assert_eq!(
-            check(&forged, false, &reqs, &PolicyRules::default(), None),
+            check(
+                &forged,
+                "team-a",
+                false,
+                &reqs,
+                &PolicyRules::default(),
+                None
+            ),
             Ok(()),
             "only at CREATE"
         );
