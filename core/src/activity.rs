@@ -90,10 +90,11 @@ pub const fn owner(claim: u64) -> u32 {
     (claim >> 32) as u32
 }
 
-/// Whether a claim word is held at `now_ms`: owned, and beaten within [`EXPIRE_MS`] (the beat's
-/// 32 bits wrap every 49 days; differences are taken modulo 2^32).
+/// Whether a claim word is held at `now_ms`: owned, and beaten within [`EXPIRE_MS`] or later than
+/// `now_ms` (another process's clock read may come after ours). The beat's 32 bits wrap every 49
+/// days: the difference is taken modulo 2^32, as a signed number.
 pub fn held(claim: u64, now_ms: u64) -> bool {
-    owner(claim) != 0 && (now_ms as u32).wrapping_sub(claim as u32) <= EXPIRE_MS
+    owner(claim) != 0 && ((now_ms as u32).wrapping_sub(claim as u32) as i32) <= EXPIRE_MS as i32
 }
 
 /// A new file: the header, every slot free.
@@ -145,5 +146,7 @@ mod tests {
         // A beat just before the 32-bit millisecond counter wraps is still fresh just after.
         let c = claim(9, (1 << 32) - 10);
         assert!(held(c, (1 << 32) + 500) && !held(c, (1 << 32) + 991));
+        // A beat a moment after our own clock read (another process read later) is held.
+        assert!(held(claim(3, 5_001), 5_000));
     }
 }

@@ -6,6 +6,7 @@
 //! change and with each heartbeat (`vgpu.io/node-heartbeat`).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::annotations::{decode_versioned, CodecError, NODE_DEVICES};
 
@@ -45,6 +46,12 @@ pub struct DeviceInfo {
     /// Vendor type (`nvidia`, `dcu`); empty means nvidia for compatibility.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub vendor: String,
+    /// Active NVLinks to the node's other GPUs: peer UUID -> links (NVML
+    /// `nvmlDeviceGetNvLinkState` and `nvmlDeviceGetNvLinkRemotePciInfo_v2` over links
+    /// 0..`NVML_NVLINK_MAX_LINKS`, the remote bus id matched to a GPU of the node). Empty (left
+    /// out) for a GPU without NVLink, and in what 0.1 wrote.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nvlinks: BTreeMap<String, u32>,
 }
 
 impl NodeInventory {
@@ -104,7 +111,7 @@ mod tests {
             0..5)) {
             let inv = NodeInventory::new(devices.into_iter().map(
                 |(uuid, index, model, memory_mib, cores, split, numa, healthy, vendor)| DeviceInfo {
-                    uuid, index, model, memory_mib, cores, split, numa, healthy, vendor,
+                    uuid, index, model, memory_mib, cores, split, numa, healthy, vendor, nvlinks: Default::default(),
                 }).collect());
             proptest::prop_assert_eq!(NodeInventory::decode(&inv.encode()).ok(), Some(inv));
         }

@@ -94,6 +94,7 @@ fn bench(c: &mut Criterion) {
             pci_bus_id: None,
             numa: Some(0),
             mig: false,
+            nvlink_peers: Vec::new(),
         })
         .collect();
     let shared = Shared::new(
@@ -107,6 +108,7 @@ fn bench(c: &mut Criterion) {
             host_dir: tmp.path().join("host"),
             allow_unscheduled: false,
             core_policy: Default::default(),
+            disable_control_namespaces: Vec::new(),
         },
         DeviceState::new(gpus, "nvidia"),
         None,

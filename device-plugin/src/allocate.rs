@@ -69,8 +69,14 @@ pub struct Runtime {
 
 impl Runtime {
     /// The container's settings over the node's core policy; the field and the value when one
-    /// cannot be read.
-    pub fn decide(s: &ContainerSettings, node_policy: CorePolicy) -> Result<Runtime, String> {
+    /// cannot be read, or when the pod lifts a limit (`CUDA_DISABLE_CONTROL`, or a core policy
+    /// other than `force`) and its namespace is not `lift_allowed` (the validating webhook
+    /// refuses such pods; this holds where it did not run, a pod admitted before an upgrade).
+    pub fn decide(
+        s: &ContainerSettings,
+        node_policy: CorePolicy,
+        lift_allowed: bool,
+    ) -> Result<Runtime, String> {
         let priority = match &s.priority {
             None => env::DEFAULT_PRIORITY,
             Some(v) => env::parse_priority(v)
@@ -82,6 +88,21 @@ impl Runtime {
                 CorePolicy::parse(v).map_err(|e| format!("env {}: {e}", env::CORE_POLICY))?
             }
         };
+        if !lift_allowed {
+            let lifted = if s.disable_control {
+                Some(format!("{}=true", env::DISABLE_CONTROL))
+            } else {
+                s.core_policy
+                    .as_ref()
+                    .filter(|_| core_policy != CorePolicy::Force)
+                    .map(|_| format!("{}={}", env::CORE_POLICY, core_policy.as_str()))
+            };
+            if let Some(what) = lifted {
+                return Err(format!(
+                    "{what} lifts a vGPU limit, and the pod's namespace is not in --disable-control-namespaces"
+                ));
+            }
+        }
         Ok(Runtime {
             priority,
             core_policy,
@@ -152,11 +173,18 @@ pub fn assigned(
         env::SHARED_CACHE.to_string(),
         env::DEFAULT_SHARED_CACHE.to_string(),
     );
-    envs.insert(env::TASK_PRIORITY.to_string(), runtime.priority.to_string());
-    envs.insert(
-        env::CORE_POLICY.to_string(),
-        runtime.core_policy.as_str().to_string(),
-    );
+    // Written only when they differ from the hook's defaults, so that a hook rolled back to a
+    // version without them (it refuses names it does not know in the limits file) still starts
+    // the containers that do not use them.
+    if runtime.priority != env::DEFAULT_PRIORITY {
+        envs.insert(env::TASK_PRIORITY.to_string(), runtime.priority.to_string());
+    }
+    if runtime.core_policy != CorePolicy::default() {
+        envs.insert(
+            env::CORE_POLICY.to_string(),
+            runtime.core_policy.as_str().to_string(),
+        );
+    }
     let dir = container_dir(host_dir, pod_uid, &container.name);
     let mut mounts = mounts(host_dir, Some(&dir), runtime.preload);
     mounts.push(api::Mount {
@@ -240,8 +268,9 @@ mod tests {
         assert_eq!(r.mounts[5].container_path, "/usr/local/vgpu/gpus/1");
         assert_eq!(r.mounts[5].host_path, "/h/gpus/GPU-b");
         assert!(!r.mounts[5].read_only);
-        assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "1");
-        assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
+        // The defaults are left out (a rolled-back hook refuses names it does not know).
+        assert!(!r.envs.contains_key("CUDA_TASK_PRIORITY"));
+        assert!(!r.envs.contains_key("GPU_CORE_UTILIZATION_POLICY"));
         let file = vgpu_core::limits_file::parse(&limits_contents(&r)).unwrap_or_default();
         let envs: std::collections::BTreeMap<String, String> = r.envs.clone().into_iter().collect();
         assert_eq!(file, envs);
@@ -254,24 +283,34 @@ mod tests {
             core_policy: policy.map(String::from),
             disable_control: disable,
         };
-        let r = Runtime::decide(&s(Some("0"), None, false), CorePolicy::Default).unwrap();
+        let decide = Runtime::decide;
+        let r = decide(&s(Some("0"), None, false), CorePolicy::Default, false).unwrap();
         assert_eq!(
             (r.priority, r.core_policy, r.preload),
             (0, CorePolicy::Default, true)
         );
-        let r = Runtime::decide(&s(None, Some("DISABLE"), true), CorePolicy::Force).unwrap();
+        let r = decide(&s(None, Some("DISABLE"), true), CorePolicy::Force, true).unwrap();
         assert_eq!(
             (r.priority, r.core_policy, r.preload),
             (1, CorePolicy::Disable, false)
         );
         assert_eq!(
-            Runtime::decide(&s(Some("2"), None, false), CorePolicy::Force).unwrap_err(),
+            decide(&s(Some("2"), None, false), CorePolicy::Force, true).unwrap_err(),
             "resource nvidia.com/priority: \"2\" is not a task priority (0 high, 1 low)"
         );
         assert_eq!(
-            Runtime::decide(&s(None, Some("off"), false), CorePolicy::Force).unwrap_err(),
+            decide(&s(None, Some("off"), false), CorePolicy::Force, true).unwrap_err(),
             "env GPU_CORE_UTILIZATION_POLICY: \"off\" is not one of default, force, disable"
         );
+        // Outside the allowed namespaces a pod may not lift a limit, whatever admitted it; the
+        // node's own policy and `force` are fine.
+        assert_eq!(
+            decide(&s(None, None, true), CorePolicy::Force, false).unwrap_err(),
+            "CUDA_DISABLE_CONTROL=true lifts a vGPU limit, and the pod's namespace is not in --disable-control-namespaces"
+        );
+        assert!(decide(&s(None, Some("default"), false), CorePolicy::Force, false).is_err());
+        assert!(decide(&s(None, Some("force"), false), CorePolicy::Default, false).is_ok());
+        assert!(decide(&s(None, None, false), CorePolicy::Default, false).is_ok());
         let c = ContainerAssignment {
             name: "main".into(),
             devices: vec![],

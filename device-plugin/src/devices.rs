@@ -177,6 +177,24 @@ impl DeviceState {
         out
     }
 
+    /// GPU `g`'s NVLinks by peer UUID: its links' remote bus ids matched to the node's GPUs
+    /// (links to something else, an NVSwitch, are not counted).
+    fn nvlinks_of(&self, g: &Gpu) -> std::collections::BTreeMap<String, u32> {
+        let mut links = std::collections::BTreeMap::new();
+        for bus in &g.nvlink_peers {
+            let peer = self.gpus.iter().find(|p| {
+                p.uuid != g.uuid
+                    && p.pci_bus_id
+                        .as_deref()
+                        .is_some_and(|b| b.eq_ignore_ascii_case(bus))
+            });
+            if let Some(p) = peer {
+                *links.entry(p.uuid.clone()).or_insert(0) += 1;
+            }
+        }
+        links
+    }
+
     /// The node inventory annotation's content.
     pub fn inventory(&self, shape: Shape) -> NodeInventory {
         NodeInventory::new(
@@ -197,6 +215,7 @@ impl DeviceState {
                     } else {
                         self.vendor.to_string()
                     },
+                    nvlinks: self.nvlinks_of(g),
                 })
                 .collect(),
         )
@@ -217,6 +236,7 @@ mod tests {
             pci_bus_id: None,
             numa,
             mig: false,
+            nvlink_peers: Vec::new(),
         }
     }
 

@@ -72,6 +72,11 @@ struct Cli {
     /// GPU), disable (never).
     #[arg(long, default_value = "force", value_parser = parse_core_policy)]
     gpu_core_policy: vgpu_core::env::CorePolicy,
+    /// Namespaces whose pods may lift a limit with CUDA_DISABLE_CONTROL=true or their own
+    /// GPU_CORE_UTILIZATION_POLICY other than force (comma list; the validating webhook's
+    /// policy.disableControlNamespaces should say the same).
+    #[arg(long, value_delimiter = ',')]
+    disable_control_namespaces: Vec<String>,
     /// This node's name.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
@@ -147,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
         host_dir: cli.host_dir.clone(),
         allow_unscheduled: cli.allow_unscheduled,
         core_policy: cli.gpu_core_policy,
+        disable_control_namespaces: cli.disable_control_namespaces.clone(),
     };
     let shared = Shared::new(
         settings,

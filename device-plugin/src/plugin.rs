@@ -26,6 +26,8 @@ pub struct Settings {
     pub allow_unscheduled: bool,
     /// The node's core-limit policy for containers that do not choose one.
     pub core_policy: vgpu_core::env::CorePolicy,
+    /// Namespaces whose pods may lift a limit (`CUDA_DISABLE_CONTROL`, their own core policy).
+    pub disable_control_namespaces: Vec<String>,
 }
 
 /// State shared by the gRPC service, the health loop, the pod watcher and the inventory task.
@@ -166,13 +168,21 @@ impl Shared {
                 );
                 create_accounting_dir(&dir)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
-                let runtime = allocate::Runtime::decide(&claim.settings, self.settings.core_policy)
-                    .map_err(|e| {
-                        Status::invalid_argument(format!(
-                            "pod {}/{} container {:?}: {e}",
-                            claim.namespace, claim.name, claim.container.name
-                        ))
-                    })?;
+                let lift_allowed = self
+                    .settings
+                    .disable_control_namespaces
+                    .contains(&claim.namespace);
+                let runtime = allocate::Runtime::decide(
+                    &claim.settings,
+                    self.settings.core_policy,
+                    lift_allowed,
+                )
+                .map_err(|e| {
+                    Status::invalid_argument(format!(
+                        "pod {}/{} container {:?}: {e}",
+                        claim.namespace, claim.name, claim.container.name
+                    ))
+                })?;
                 for d in &claim.container.devices {
                     let path = allocate::activity_path(&self.settings.host_dir, &d.uuid);
                     create_activity_file(&path).map_err(|e| {
@@ -381,7 +391,9 @@ fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
         .parent()
         .ok_or_else(|| std::io::Error::other("path has no directory"))?;
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".new.{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".new.{}.{n}", std::process::id()));
     std::fs::write(&tmp, vgpu_core::activity::initial_bytes())?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))?;
     let linked = std::fs::hard_link(&tmp, path);

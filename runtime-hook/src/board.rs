@@ -185,6 +185,17 @@ mod tests {
     }
 
     #[test]
+    fn a_beat_newer_than_the_reader_s_clock_is_live() {
+        let w = words();
+        let b = Board::new(&w).expect("layout");
+        let high = b.claim(1, 100, 0, 5_000).expect("slot");
+        assert!(b.beat(high, 1, 5_001, true));
+        // Read with a clock a millisecond behind: still held, still busy, not taken.
+        assert!(b.high_priority_busy(None, 5_000));
+        assert_ne!(b.claim(2, 200, 1, 5_000), Some(high));
+    }
+
+    #[test]
     fn every_slot_held_means_no_slot_and_a_foreign_layout_is_refused() {
         let w = words();
         let b = Board::new(&w).expect("layout");

@@ -96,8 +96,6 @@ pub fn load(
         env::MEMORY_LIMIT.to_string(),
         env::SM_LIMIT.to_string(),
         env::SHARED_CACHE.to_string(),
-        env::TASK_PRIORITY.to_string(),
-        env::CORE_POLICY.to_string(),
     ];
     for i in 0..MAX_DEVICES {
         names.push(env::memory_limit_for(i));

@@ -484,6 +484,14 @@ fn monotonic_ms() -> u64 {
 /// Limit indexes (bit `i`) of the devices where a busy high-priority container pauses this
 /// low-priority process's launches; set by the watcher every period.
 static PAUSED: AtomicU64 = AtomicU64::new(0);
+/// When the watcher last set [`PAUSED`] (`monotonic_ms`): a pause older than [`PAUSE_STALE_MS`]
+/// is ignored, so a watcher that stopped (stuck in NVML, say) never holds launches back.
+static PAUSED_AT: AtomicU64 = AtomicU64::new(0);
+/// See [`PAUSED_AT`].
+const PAUSE_STALE_MS: u64 = 1000;
+/// Limit indexes (bit `i`) of the devices with an activity file this process launched on since
+/// the watcher's last period.
+static LAUNCHED: AtomicU64 = AtomicU64::new(0);
 
 /// How often a paused launch looks whether it may go.
 const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
@@ -493,6 +501,9 @@ const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 struct Boards {
     /// (limit index, board).
     boards: Vec<(usize, Board<'static>)>,
+    /// The limit index of the only board, when there is exactly one (launches then need not ask
+    /// the driver for their device).
+    only: Option<usize>,
     /// This process's slot in each board, [`SLOT_UNCLAIMED`] = none.
     slots: Vec<AtomicUsize>,
     /// Non-zero, fresh in every process (a forked child draws its own).
@@ -532,18 +543,24 @@ impl Boards {
                 .iter()
                 .map(|_| AtomicUsize::new(SLOT_UNCLAIMED))
                 .collect(),
+            only: match boards.as_slice() {
+                [(d, _)] => Some(*d),
+                _ => None,
+            },
             boards,
             token: AtomicU32::new(random_token()),
             key,
         }
     }
 
-    /// One watcher period: beats (claiming a slot where it has none) and returns the limit
-    /// indexes where a high-priority container is busy and where another container launches.
-    fn tick(&self, priority: u8, now_ms: u64, launched: bool) -> (u64, u64) {
+    /// One watcher period: beats (claiming a slot where it has none), recording a launch on the
+    /// devices of `launched` (bit per limit index), and returns the limit indexes where a
+    /// high-priority container is busy and where another container launches.
+    fn tick(&self, priority: u8, now_ms: u64, launched: u64) -> (u64, u64) {
         let token = self.token.load(Ordering::Relaxed);
         let (mut paused, mut shared) = (0u64, 0u64);
         for ((i, b), slot) in self.boards.iter().zip(&self.slots) {
+            let launched = launched & (1 << i) != 0;
             let mut s = slot.load(Ordering::Relaxed);
             if s == SLOT_UNCLAIMED || !b.beat(s, token, now_ms, launched) {
                 s = b
@@ -631,15 +648,13 @@ fn watch(h: &'static Hook) {
     let me = std::process::id();
     // Whether this process still looks for its host pid (see find_host_pid).
     let mut searching = true;
-    let mut last_launches = METERS.launches();
     for tick in 1u32.. {
         std::thread::sleep(throttle::PERIOD);
-        let launches = METERS.launches();
-        let (paused, shared) =
-            h.boards
-                .tick(h.config.priority, monotonic_ms(), launches != last_launches);
-        last_launches = launches;
+        let now_ms = monotonic_ms();
+        let launched = LAUNCHED.swap(0, Ordering::Relaxed);
+        let (paused, shared) = h.boards.tick(h.config.priority, now_ms, launched);
         PAUSED.store(paused, Ordering::Relaxed);
+        PAUSED_AT.store(now_ms, Ordering::Relaxed);
         if let Some(t) = &h.throttle {
             if let Some(slot) = h.claimed_slot().filter(|_| searching) {
                 searching = h.ledger.host_pid(slot) == 0
@@ -914,6 +929,7 @@ extern "C" fn after_fork_child() {
         let _ = METER.try_with(|m| m.set(None));
         h.boards.forget();
         PAUSED.store(0, Ordering::SeqCst);
+        LAUNCHED.store(0, Ordering::SeqCst);
         FORKED.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -1274,6 +1290,9 @@ impl Hook {
             Some(m) => m,
             None => self.register(),
         };
+        if !self.boards.boards.is_empty() {
+            self.mark_launched();
+        }
         if PAUSED.load(Ordering::Relaxed) != 0 {
             self.wait_while_paused();
         }
@@ -1287,15 +1306,36 @@ impl Hook {
         r
     }
 
+    /// Notes a launch on the calling thread's device for the watcher's next beat (one load when
+    /// the bit is already set, as it is for all but the first launch of a period).
+    #[inline]
+    fn mark_launched(&self) {
+        let d = match self.boards.only {
+            Some(d) => d,
+            None => match self.current_device() {
+                Ok(d) => d,
+                Err(_) => return,
+            },
+        };
+        let bit = 1u64.checked_shl(d as u32).unwrap_or(0);
+        if LAUNCHED.load(Ordering::Relaxed) & bit != bit {
+            LAUNCHED.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
     /// A low-priority launch on a device where a high-priority container is busy: waits until
-    /// the watcher sees that container idle (or gone), and meters the wait as throttled time.
+    /// the watcher sees that container idle (or gone), or stops refreshing the pause, and meters
+    /// the wait as throttled time.
     #[cold]
     fn wait_while_paused(&'static self) {
         let Ok(d) = self.current_device() else {
             return;
         };
         let started = now_ns();
-        while d < 64 && PAUSED.load(Ordering::Relaxed) & (1 << d) != 0 {
+        while d < 64
+            && PAUSED.load(Ordering::Relaxed) & (1 << d) != 0
+            && monotonic_ms().saturating_sub(PAUSED_AT.load(Ordering::Relaxed)) <= PAUSE_STALE_MS
+        {
             std::thread::sleep(PAUSE_POLL);
         }
         if let Ok(s) = self.slot() {

@@ -52,6 +52,7 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
                     numa: None,
                     healthy: true,
                     vendor: String::new(),
+                    nvlinks: Default::default(),
                 })
                 .collect();
             c.apply_node(

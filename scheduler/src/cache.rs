@@ -413,6 +413,15 @@ impl GpuSet for DenseSet<'_> {
                 .is_some_and(|g| filter.type_ok_lower(g.model_lower())),
         }
     }
+    fn numa(&self, i: usize) -> Option<u32> {
+        self.cold(i).and_then(|g| g.numa)
+    }
+    fn links(&self, i: usize, j: usize) -> u32 {
+        match (self.cold(i), self.cold(j)) {
+            (Some(a), Some(b)) => a.nvlinks.get(&b.uuid).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
 }
 
 impl Cluster {
@@ -963,6 +972,7 @@ mod tests {
                     numa: None,
                     healthy: true,
                     vendor: String::new(),
+                    nvlinks: Default::default(),
                 })
                 .collect(),
         )
@@ -1053,11 +1063,11 @@ mod tests {
         c.apply_node("n1", Some(&inv), Some(&hb), Some("gpu-a"));
         assert_eq!(
             c.check("n1", &mib(1), NOW).unwrap_err(),
-            "n1: no GPU not cordoned (node annotation hami.io/device-cordon)"
+            "n1: no GPU outside the cordon (node annotation hami.io/device-cordon)"
         );
         assert_eq!(
             c.scorer(&mib(1), NOW).score("n1").unwrap_err(),
-            "n1: no GPU not cordoned (node annotation hami.io/device-cordon)"
+            "n1: no GPU outside the cordon (node annotation hami.io/device-cordon)"
         );
         // Lifted: the running pod's 4096 MiB were counted all along.
         c.apply_node("n1", Some(&inv), Some(&hb), Some(" "));
@@ -1290,6 +1300,7 @@ mod tests {
                     numa: None,
                     healthy: !(n + i as usize).is_multiple_of(7),
                     vendor: String::new(),
+                    nvlinks: Default::default(),
                 })
                 .collect();
             let hb = match n % 10 {

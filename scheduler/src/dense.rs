@@ -240,6 +240,7 @@ mod tests {
             numa: None,
             healthy: true,
             vendor: String::new(),
+            nvlinks: Default::default(),
         })
         .hot()
     }

@@ -212,19 +212,20 @@ impl<'de: 'a, 'a> Deserialize<'de> for QuantityView<'a> {
     }
 }
 
-/// The pod annotations placement reads (GPU type and UUID lists, policies); the others are
+/// The pod annotations placement reads (GPU type and UUID lists, policies, NUMA binding); the others are
 /// skipped without being copied. A key given twice keeps its last value, as a map would.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AnnotationsView<'a>(pub Vec<(&'static str, Name<'a>)>);
 
 /// The annotation keys [`AnnotationsView`] keeps.
-const READ_ANNOTATIONS: [&str; 6] = [
+const READ_ANNOTATIONS: [&str; 7] = [
     vgpu_core::annotations::USE_GPU_TYPE,
     vgpu_core::annotations::NOUSE_GPU_TYPE,
     vgpu_core::annotations::USE_GPU_UUID,
     vgpu_core::annotations::NOUSE_GPU_UUID,
     vgpu_core::annotations::NODE_POLICY,
     vgpu_core::annotations::GPU_POLICY,
+    vgpu_core::placement::NUMA_BIND,
 ];
 
 impl AnnotationsView<'_> {

@@ -265,6 +265,7 @@ mod tests {
             numa: None,
             healthy: true,
             vendor: String::new(),
+            nvlinks: Default::default(),
         }]);
         c.apply_node(
             "n1",

@@ -798,6 +798,7 @@ mod tests {
                 numa: None,
                 healthy: true,
                 vendor: String::new(),
+                nvlinks: Default::default(),
             }]);
             write(&s.cluster).apply_node(node, Some(&inv.encode()), Some(&now), None);
         }
@@ -976,6 +977,7 @@ mod tests {
                     numa: None,
                     healthy: true,
                     vendor: String::new(),
+                    nvlinks: Default::default(),
                 })
                 .collect(),
         )
@@ -1030,6 +1032,8 @@ mod tests {
             json!({"Pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"nvidia.com/use-gpuuuid": "GPU-3-1"})), "NodeNames": names}),
             json!({"Pod": annotated(json!({"nvidia.com/gpu": "1"}), json!({"hami.io/node-scheduler-policy": "nope"})), "NodeNames": names}),
             json!({"Pod": annotated(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), json!({"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "2"}), json!({"nvidia.com/numa-bind": "true", "hami.io/gpu-scheduler-policy": "binpack,topology-aware,mutex"})), "NodeNames": names}),
+            json!({"Pod": annotated(json!({"nvidia.com/gpu": "2"}), json!({"nvidia.com/numa-bind": "perhaps"})), "NodeNames": names}),
             json!({"Pod": {"metadata": {"name": "p", "uid": "u2"}, "spec": {
                 "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpumem": "30000"}}}],
                 "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000"}, "requests": {"nvidia.com/gpu": "2"}}},

@@ -255,6 +255,7 @@ fn live_policies_score_as_the_extender() {
                     numa: None,
                     healthy: true,
                     vendor: String::new(),
+                    nvlinks: Default::default(),
                 })
             })
             .collect();

@@ -532,7 +532,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         create("cordoned", false);
         pending_because(
             "cordoned",
-            "not cordoned (node annotation hami.io/device-cordon)",
+            "outside the cordon (node annotation hami.io/device-cordon)",
         );
         annotate(&format!("{}-", vgpu_core::annotations::DEVICE_CORDON));
         c.wait_running(NS_FREE, "cordoned", step);

@@ -35,8 +35,8 @@ struct Env {
     metrics_port: u16,
 }
 
-/// Two A100-40GB cards: GPU 0 on NUMA node 0, GPU 1 without a NUMA affinity. XIDs and NVML errors
-/// are injected through files beside `events`.
+/// Two A100-40GB cards joined by two NVLinks: GPU 0 on NUMA node 0, GPU 1 without a NUMA
+/// affinity. XIDs and NVML errors are injected through files beside `events`.
 fn nvml_config(events: &Path) -> Value {
     let dir = events.parent().unwrap();
     json!({
@@ -44,8 +44,8 @@ fn nvml_config(events: &Path) -> Value {
         "logFile": dir.join("nvml.log"),
         "gpus": [
             {"uuid": GPU0, "name": "NVIDIA A100-PCIE-40GB", "memoryMib": 40960, "numa": 0,
-             "busId": "00000000:3B:00.0", "utilization": [10, 20]},
-            {"uuid": GPU1, "name": "NVIDIA A100-PCIE-40GB", "memoryMib": 40960}
+             "busId": "00000000:3B:00.0", "utilization": [10, 20], "nvlinks": [1, 1]},
+            {"uuid": GPU1, "name": "NVIDIA A100-PCIE-40GB", "memoryMib": 40960, "nvlinks": [0, 0]}
         ],
         "eventsFile": events,
     })
@@ -187,6 +187,11 @@ impl Env {
 
     /// A Pending vGPU pod bound to this node, with an assignment unless `assignment` is `None`.
     fn pod(&self, name: &str, assignment: Option<&PodAssignment>) -> String {
+        self.pod_with(name, assignment, json!({"name": "main", "image": "cuda"}))
+    }
+
+    /// [`Env::pod`] with this container spec.
+    fn pod_with(&self, name: &str, assignment: Option<&PodAssignment>, container: Value) -> String {
         let mut annotations = serde_json::Map::new();
         if let Some(a) = assignment {
             annotations.insert(ASSIGNMENT.into(), a.encode().into());
@@ -197,7 +202,7 @@ impl Env {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": "team-a",
                     "labels": {MANAGED_LABEL: "true"}, "annotations": annotations},
-                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda"}]},
+                "spec": {"nodeName": NODE, "containers": [container]},
                 "status": {"phase": "Pending"}
             }))
             .unwrap();
@@ -338,6 +343,53 @@ async fn critical_xid_flips_health_within_a_second_and_recovers() {
         .expect("GPU 0 recovers");
 }
 
+/// HAMi's settings from the pod spec reach the container: `nvidia.com/priority` and
+/// `GPU_CORE_UTILIZATION_POLICY` in the limits file, `CUDA_DISABLE_CONTROL` drops the preload
+/// list; a pod lifting a limit outside `--disable-control-namespaces` is not started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hami_settings_from_the_pod_reach_the_container() {
+    let env = start(&["--disable-control-namespaces=admin,team-a"]).await;
+    let mut c = env.registered(1).await;
+    let main = |env_vars: Value| {
+        json!({"name": "main", "image": "cuda", "env": env_vars,
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}}})
+    };
+    env.pod_with(
+        "urgent",
+        Some(&assignment(&[("main", &[(GPU0, 1024, 30)])])),
+        main(
+            json!([{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "Default"},
+            {"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+        ),
+    );
+    let r = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
+    assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "0");
+    assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "default");
+    assert!(
+        r.mounts
+            .iter()
+            .all(|m| m.container_path != "/etc/ld.so.preload"),
+        "{:?}",
+        r.mounts
+    );
+    drop(c);
+    drop(env);
+
+    let env = start(&["--disable-control-namespaces=admin"]).await;
+    let mut c = env.registered(1).await;
+    env.pod_with(
+        "lifted",
+        Some(&assignment(&[("main", &[(GPU0, 1024, 30)])])),
+        main(json!([{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}])),
+    );
+    let e = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        "pod team-a/lifted container \"main\": GPU_CORE_UTILIZATION_POLICY=disable lifts a vGPU limit, and the pod's namespace is not in --disable-control-namespaces"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_single_and_multi_gpu_from_the_assignment() {
     let env = start(&["--memory-scaling=2"]).await;
@@ -400,8 +452,9 @@ async fn allocate_single_and_multi_gpu_from_the_assignment() {
         std::fs::metadata(&board).unwrap().permissions().mode() & 0o777,
         0o666
     );
-    assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "1");
-    assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
+    // The defaults are left out (a rolled-back hook refuses names it does not know).
+    assert!(!r.envs.contains_key("CUDA_TASK_PRIORITY"));
+    assert!(!r.envs.contains_key("GPU_CORE_UTILIZATION_POLICY"));
     // The read-only limits file the hook trusts says exactly what the environment says.
     let file = vgpu_core::limits_file::parse(
         &std::fs::read_to_string(env.host_dir.join(format!("limits/{one}_main.env"))).unwrap(),
@@ -754,6 +807,9 @@ async fn node_inventory_and_heartbeat() {
     assert_eq!((d.memory_mib, d.cores, d.split), (61440, 200, 4));
     assert_eq!((d.numa, d.healthy), (Some(0), true));
     assert_eq!(inv.devices[1].numa, None);
+    // NVLinks from NVML, by the peer's UUID.
+    assert_eq!(d.nvlinks, [(GPU1.to_string(), 2)].into());
+    assert_eq!(inv.devices[1].nvlinks, [(GPU0.to_string(), 2)].into());
     vgpu_core::time::parse_rfc3339(&first.1).unwrap();
     // The heartbeat moves on.
     vgpu_tests::wait_for_async(T, "a newer heartbeat", || async {

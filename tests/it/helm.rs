@@ -709,6 +709,8 @@ fn chart_renders_and_wires_up_for_every_values_set() {
                 "scheduler.kubeScheduler.image.registry=mirror.example",
                 "devicePlugin.deviceSplitCount=4",
                 "scheduler.kubeScheduler.imageTag=v1.31.0",
+                "disableControlNamespaces={ml-admin,ops}",
+                "devicePlugin.gpuCorePolicy=default",
             ],
         ),
     };
@@ -725,6 +727,19 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     let dp = chart.container("DaemonSet", "vgpu-device-plugin", "device-plugin");
     assert!(args(dp).contains(&"--split-count=4".to_string()));
     assert!(args(dp).contains(&"--resource-name=example.com/vgpu".to_string()));
+    // The namespaces that may lift a limit reach both the device plugin and the webhook.
+    assert!(args(dp).contains(&"--disable-control-namespaces=ml-admin,ops".to_string()));
+    assert!(args(dp).contains(&"--gpu-core-policy=default".to_string()));
+    let webhook_cfg: Value = serde_yaml::from_str(
+        chart.get("ConfigMap", "vgpu-webhook")["data"]["config.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        webhook_cfg["policy"]["disableControlNamespaces"],
+        serde_json::json!(["ml-admin", "ops"])
+    );
     assert_eq!(dp["image"], "mirror.example/vgpu/vgpu-device-plugin:0.1.0");
     let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");
     assert_eq!(ks["image"], "mirror.example/kube-scheduler:v1.31.0");

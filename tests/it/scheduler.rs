@@ -44,6 +44,7 @@ pub(crate) fn node(name: &str, gpus: &[(&str, u64)], heartbeat: Option<u64>) -> 
                 numa: None,
                 healthy: true,
                 vendor: String::new(),
+                nvlinks: Default::default(),
             })
             .collect(),
     );
@@ -279,6 +280,115 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
     ] {
         assert!(text.contains(want), "missing {want} in:\n{text}");
     }
+    drop(s.proc);
+}
+
+/// HAMi's placement words through the real extender: the node's NVLinks and NUMA nodes from the
+/// device plugin's inventory, `topology-aware` and `nvidia.com/numa-bind` from the pod, and the
+/// node's `hami.io/device-cordon`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_numa_and_cordon_from_hami_annotations() {
+    vgpu_tests::binary("vgpu-scheduler");
+    let api = FakeApiServer::start().await.unwrap();
+    let mut n = node(
+        "nv",
+        &[
+            ("GPU-a", 24576),
+            ("GPU-b", 24576),
+            ("GPU-c", 24576),
+            ("GPU-d", 24576),
+        ],
+        Some(now()),
+    );
+    // a-b and c-d joined by two NVLinks each; a, b on NUMA node 0 and c, d on 1.
+    let mut inv =
+        NodeInventory::decode(n["metadata"]["annotations"][NODE_DEVICES].as_str().unwrap())
+            .unwrap();
+    for (i, d) in inv.devices.iter_mut().enumerate() {
+        let peer = ["GPU-b", "GPU-a", "GPU-d", "GPU-c"][i];
+        d.nvlinks.insert(peer.to_string(), 2);
+        d.numa = Some(i as u32 / 2);
+    }
+    n["metadata"]["annotations"][NODE_DEVICES] = inv.encode().into();
+    api.create(n).unwrap();
+    let s = start(&api, &[]).await;
+    let two = |name: &str, annotations: Value| {
+        let mut p = pod(name, 1024);
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2".into();
+        p["metadata"]["annotations"] = annotations;
+        api.create(p).unwrap();
+    };
+    // A slice on GPU-c makes it binpack's first choice; binpack alone would pair it with GPU-a.
+    api.create(pod("first", 8192)).unwrap();
+    api.merge_patch(
+        "v1",
+        "pods",
+        "team-a",
+        "first",
+        &json!({"metadata": {"annotations": {
+        "hami.io/gpu-scheduler-policy": "binpack", "nvidia.com/use-gpuuuid": "GPU-c"}}}),
+    )
+    .unwrap();
+    assert_eq!(s.bind(&api, "first", "nv").await, json!({}));
+    two("plain", json!({"hami.io/gpu-scheduler-policy": "binpack"}));
+    two(
+        "linked",
+        json!({"hami.io/gpu-scheduler-policy": "binpack,topology-aware", "nvidia.com/numa-bind": "true"}),
+    );
+    let gpus = |pod: &str| -> Vec<String> {
+        let mut u: Vec<String> = assignment(&api, pod).unwrap().containers[0]
+            .devices
+            .iter()
+            .map(|d| d.uuid.clone())
+            .collect();
+        u.sort();
+        u
+    };
+    vgpu_tests::wait_for_async(WAIT, "the first pod in the extender's cache", || async {
+        let r = s.filter(&api, "plain", &["nv"]).await;
+        (r["NodeNames"] == json!(["nv"])).then_some(())
+    })
+    .await;
+    assert_eq!(s.bind(&api, "linked", "nv").await, json!({}));
+    assert_eq!(gpus("linked"), ["GPU-c", "GPU-d"]);
+    // A NUMA-bound pod: with GPU-a and GPU-d cordoned, each NUMA node has one GPU left.
+    two(
+        "bound",
+        json!({"nvidia.com/numa-bind": "true", "hami.io/gpu-scheduler-policy": "binpack"}),
+    );
+    api.merge_patch(
+        "v1",
+        "nodes",
+        "",
+        "nv",
+        &json!({"metadata": {"annotations": {
+        "hami.io/device-cordon": "GPU-a, GPU-d"}}}),
+    )
+    .unwrap();
+    vgpu_tests::wait_for_async(WAIT, "the cordon in the extender's cache", || async {
+        let r = s.filter(&api, "bound", &["nv"]).await;
+        (r["FailedNodes"]["nv"]
+            == "nv: 2 GPUs that fit on one NUMA node (nvidia.com/numa-bind) needed, only 1")
+            .then_some(())
+    })
+    .await;
+    api.merge_patch(
+        "v1",
+        "nodes",
+        "",
+        "nv",
+        &json!({"metadata": {"annotations": {
+        "hami.io/device-cordon": null}}}),
+    )
+    .unwrap();
+    vgpu_tests::wait_for_async(WAIT, "the cordon lifted", || async {
+        let r = s.filter(&api, "bound", &["nv"]).await;
+        (r["NodeNames"] == json!(["nv"])).then_some(())
+    })
+    .await;
+    assert_eq!(s.bind(&api, "bound", "nv").await, json!({}));
+    // Binpack: the fullest GPUs, c and d, on one NUMA node.
+    assert_eq!(gpus("bound"), ["GPU-c", "GPU-d"]);
     drop(s.proc);
 }
 

@@ -5,12 +5,12 @@
 //! A container asking for `n` vGPUs gets `n` distinct GPUs of the node, each with
 //!
 //! - a healthy device of the NVIDIA vendor type,
-//! - not cordoned: the node annotation `hami.io/device-cordon` (HAMi's: a comma list of GPU
-//!   UUIDs) keeps new pods off the GPUs it names; pods already there keep running,
 //! - a model allowed by `nvidia.com/use-gputype` and not refused by `nvidia.com/nouse-gputype`
 //!   (comma lists; an entry matches when the model contains it, ignoring case, as HAMi's `checkType`),
 //! - a UUID allowed by `nvidia.com/use-gpuuuid` and not refused by `nvidia.com/nouse-gpuuuid`
 //!   (comma lists of exact UUIDs, ignoring case),
+//! - not cordoned: the node annotation `hami.io/device-cordon` (HAMi's: a comma list of GPU
+//!   UUIDs) keeps new pods off the GPUs it names; pods already there keep running,
 //! - fewer slices in use than the device's split count,
 //! - the requested gpucores free (0 asks for no share; 100 asks for the card alone, so the card must
 //!   hold no slice at all, and nothing else may join it afterwards; a pod whose
@@ -27,6 +27,13 @@
 //! [`gaps`]) score what the typical pods could still use after the move. The GPU policy is a
 //! comma list as in HAMi v2.10 (`binpack,mutex`): its first ordering policy orders the GPUs (the
 //! scheduler's default when it names none), `mutex` adds the rule above ([`GpuPolicy`]).
+//!
+//! Topology (HAMi's `topology-aware` and `numa` words, and the pod annotation
+//! `nvidia.com/numa-bind`), for the GPUs each container gets among those that fit:
+//! `topology-aware` gives a container of several GPUs the set joined by the most NVLinks (the
+//! node inventory's `nvlinks`; ties: the policy's order) and a one-GPU container the GPU with the
+//! fewest NVLinks, keeping linked sets free; `numa` takes a container's GPUs from one NUMA node
+//! when one has enough, `nvidia.com/numa-bind: "true"` insists (the node fails otherwise).
 
 pub mod frag;
 pub mod gaps;
@@ -41,6 +48,14 @@ use crate::annotations::{
 
 /// The word of `hami.io/gpu-scheduler-policy` that asks for GPUs nothing else uses.
 pub const MUTEX: &str = "mutex";
+/// The word of `hami.io/gpu-scheduler-policy` that asks for NVLink-joined GPUs.
+pub const TOPOLOGY_AWARE: &str = "topology-aware";
+/// The word of `hami.io/gpu-scheduler-policy` that prefers a container's GPUs on one NUMA node.
+pub const NUMA: &str = "numa";
+/// Pod annotation that requires a container's GPUs on one NUMA node (HAMi's, Go `ParseBool`).
+pub const NUMA_BIND: &str = "nvidia.com/numa-bind";
+/// Largest candidate set whose subsets `topology-aware` tries one by one (beyond: greedy).
+const TOPOLOGY_EXACT_MAX: usize = 16;
 use crate::assignment::{ContainerAssignment, DeviceSlice};
 use crate::inventory::DeviceInfo;
 use crate::request::VgpuRequest;
@@ -159,6 +174,10 @@ pub struct Gpu {
     pub exclusive: bool,
     /// Whether the node's `hami.io/device-cordon` names it: no new slice goes here.
     pub cordoned: bool,
+    /// NUMA node, when known.
+    pub numa: Option<u32>,
+    /// NVLinks to the node's other GPUs, by peer UUID.
+    pub nvlinks: std::collections::BTreeMap<String, u32>,
 }
 
 impl Gpu {
@@ -182,6 +201,8 @@ impl Gpu {
             slices: 0,
             exclusive: false,
             cordoned: false,
+            numa: d.numa,
+            nvlinks: d.nvlinks.clone(),
         }
     }
 
@@ -310,6 +331,14 @@ pub trait GpuSet {
     fn same_model(&self, i: usize, j: usize) -> bool {
         self.hot(i).model_key == self.hot(j).model_key
     }
+    /// GPU `i`'s NUMA node, when known.
+    fn numa(&self, _i: usize) -> Option<u32> {
+        None
+    }
+    /// NVLinks between GPUs `i` and `j`.
+    fn links(&self, _i: usize, _j: usize) -> u32 {
+        0
+    }
 }
 
 impl GpuSet for NodeGpus {
@@ -327,6 +356,13 @@ impl GpuSet for NodeGpus {
     }
     fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool {
         filter.type_ok_lower(&self.gpus[i].model_lower)
+    }
+    fn numa(&self, i: usize) -> Option<u32> {
+        self.gpus[i].numa
+    }
+    fn links(&self, i: usize, j: usize) -> u32 {
+        let peer = &self.gpus[j].uuid;
+        self.gpus[i].nvlinks.get(peer).copied().unwrap_or(0)
     }
 }
 
@@ -351,7 +387,8 @@ fn permille(used: u64, total: u64, scale: u64) -> u64 {
 /// use vgpu_core::placement::{Gpu, NodeGpus};
 ///
 /// let dev = DeviceInfo { uuid: "GPU-a".into(), index: 0, model: "NVIDIA T4".into(),
-///     memory_mib: 15360, cores: 100, split: 4, numa: None, healthy: true, vendor: String::new() };
+///     memory_mib: 15360, cores: 100, split: 4, numa: None, healthy: true, vendor: String::new(),
+///     nvlinks: Default::default() };
 /// let node = NodeGpus::new(vec![Gpu::from_device(&dev)]);
 /// assert_eq!(node.gpus()[0].free_mib(), 15360);
 /// ```
@@ -504,6 +541,13 @@ pub struct PodRequest {
     pub gpu_policy: Policy,
     /// Whether the GPU policy lists `mutex`: each GPU the pod gets holds nothing else.
     pub mutex: bool,
+    /// Whether the GPU policy lists `topology-aware`.
+    pub topology: bool,
+    /// Whether the GPU policy lists `numa` (a container's GPUs on one NUMA node when one has
+    /// enough).
+    pub numa: bool,
+    /// `nvidia.com/numa-bind: "true"`: a container's GPUs on one NUMA node, or the node fails.
+    pub numa_bind: bool,
 }
 
 /// An annotation holding a policy name we do not know.
@@ -521,19 +565,24 @@ pub struct PolicyError {
 /// What `hami.io/gpu-scheduler-policy` says: a comma list as HAMi v2.10 reads it
 /// (`pkg/scheduler/policy/gpu_policy.go` `gpuSortKeyChain`, `pkg/util/util.go` `PolicyContains`):
 /// the first ordering policy orders the GPUs (HAMi breaks its ties with the later ones, we by
-/// GPU index), `mutex` asks for GPUs nothing else uses. HAMi's `topology-aware` and `numa` are
-/// not known yet.
+/// GPU index), `mutex` asks for GPUs nothing else uses, `topology-aware` for NVLink-joined GPUs,
+/// `numa` for one NUMA node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuPolicy {
     /// The ordering policy, if the list names one.
     pub order: Option<Policy>,
     /// Whether the list has `mutex`.
     pub mutex: bool,
+    /// Whether the list has `topology-aware`.
+    pub topology: bool,
+    /// Whether the list has `numa`.
+    pub numa: bool,
 }
 
 impl GpuPolicy {
     /// Every word the GPU policy takes, for messages.
-    pub const NAMES: &'static str = "binpack, spread, fragmentation, gap-aware, mutex";
+    pub const NAMES: &'static str =
+        "binpack, spread, fragmentation, gap-aware, mutex, topology-aware, numa";
 
     /// Reads a comma list (words case-insensitive, spaces and empty entries ignored); the
     /// unknown word on error.
@@ -541,10 +590,16 @@ impl GpuPolicy {
         let mut p = GpuPolicy {
             order: None,
             mutex: false,
+            topology: false,
+            numa: false,
         };
         for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             if word.eq_ignore_ascii_case(MUTEX) {
                 p.mutex = true;
+            } else if word.eq_ignore_ascii_case(TOPOLOGY_AWARE) {
+                p.topology = true;
+            } else if word.eq_ignore_ascii_case(NUMA) {
+                p.numa = true;
             } else {
                 let order = Policy::parse(word).ok_or_else(|| word.to_string())?;
                 p.order.get_or_insert(order);
@@ -580,6 +635,18 @@ impl PodRequest {
                 known: GpuPolicy::NAMES,
             }
         })?;
+        let numa_bind = match annotation(NUMA_BIND).map(str::trim) {
+            None | Some("") => false,
+            Some("1" | "t" | "T" | "TRUE" | "true" | "True") => true,
+            Some("0" | "f" | "F" | "FALSE" | "false" | "False") => false,
+            Some(v) => {
+                return Err(PolicyError {
+                    annotation: NUMA_BIND,
+                    word: v.to_string(),
+                    known: "true, false",
+                })
+            }
+        };
         Ok(PodRequest {
             containers,
             filter: GpuFilter {
@@ -591,6 +658,9 @@ impl PodRequest {
             node_policy,
             gpu_policy: gpu.order.unwrap_or(default_gpu),
             mutex: gpu.mutex,
+            topology: gpu.topology,
+            numa: gpu.numa,
+            numa_bind,
         })
     }
 
@@ -602,6 +672,9 @@ impl PodRequest {
             node_policy: Policy::Binpack,
             gpu_policy: Policy::Spread,
             mutex: false,
+            topology: false,
+            numa: false,
+            numa_bind: false,
         }
     }
 }
@@ -671,6 +744,11 @@ pub enum UnfitReason {
         percent: Option<u32>,
         /// The most MiB free on one candidate GPU, and its UUID.
         best: Option<(u64, String)>,
+    },
+    /// Enough GPUs fit, but too few on any one NUMA node (`nvidia.com/numa-bind`).
+    Numa {
+        /// The most that fit on one NUMA node.
+        left: usize,
     },
 }
 
@@ -760,12 +838,16 @@ impl fmt::Display for Unfit {
                     None => Ok(()),
                 }
             }
+            UnfitReason::Numa { left } => lead(f, NUMA_WORDS, *left),
         }
     }
 }
 
+/// What a container's GPUs must be under `nvidia.com/numa-bind` when too few fit on one node.
+const NUMA_WORDS: &str = "that fit on one NUMA node (nvidia.com/numa-bind)";
+
 /// What a GPU must be for a pod when cordons leave too few.
-const CORDON_WORDS: &str = "not cordoned (node annotation hami.io/device-cordon)";
+const CORDON_WORDS: &str = "outside the cordon (node annotation hami.io/device-cordon)";
 
 /// What a GPU must be for a pod when exclusive slices leave too few.
 fn exclusive_words(wants_exclusive: bool, mutex: bool) -> &'static str {
@@ -873,6 +955,9 @@ pub enum MissReason {
         percent: Option<u32>,
         best: Option<(u64, usize)>,
     },
+    Numa {
+        left: usize,
+    },
 }
 
 /// Positions of the first GPU of each distinct model, in inventory order.
@@ -923,6 +1008,7 @@ impl Miss {
                 percent,
                 best: best.map(|(m, i)| (m, node.uuid(i).to_string())),
             },
+            MissReason::Numa { left } => UnfitReason::Numa { left },
         };
         Unfit {
             container: c.name.clone(),
@@ -1044,6 +1130,7 @@ pub fn write_miss<S: GpuSet + ?Sized, W: fmt::Write + ?Sized>(
                 None => Ok(()),
             }
         }
+        MissReason::Numa { left } => lead(f, n, left, format_args!("{NUMA_WORDS}")),
     }
 }
 
@@ -1100,7 +1187,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     // The table is only read under `fragmentation` or `gap-aware` (the cluster hands it over
     // whenever it knows a GPU pod).
     let frag_used = frag.is_some() && (pod.node_policy.uses_table() || pod.gpu_policy.uses_table());
-    if !frag_used && !pod.mutex && !pod.filter.typed() && !pod.filter.uuids() {
+    if !frag_used && !pod.mutex && !pod.topology && !pod.filter.typed() && !pod.filter.uuids() {
         if let [c] = pod.containers.as_slice() {
             if c.request.gpus == 1 {
                 let gpus = hot_records(node, &mut buf.hot);
@@ -1193,6 +1280,135 @@ fn node_score(sum: u64, n: u64, node_policy: Policy) -> u32 {
     ((permille * u64::from(MAX_SCORE) + 500) / 1000) as u32
 }
 
+/// Topology and NUMA for one container: moves the GPUs it gets to the front of `cand` (every
+/// candidate, sorted in the GPU policy's order), keeping their order; or says why none fit.
+fn arrange<S: GpuSet + ?Sized>(
+    node: &S,
+    pod: &PodRequest,
+    need: usize,
+    cand: &mut [(u64, u32, usize)],
+) -> Result<(), MissReason> {
+    if need == 1 {
+        if pod.topology {
+            // HAMi's `computeWorstSingleCard`: the GPU with the fewest NVLinks to the others,
+            // leaving linked sets whole for containers of several GPUs (ties: the policy's order).
+            let links = |i: usize| -> u32 {
+                (0..node.len())
+                    .filter(|&j| j != i)
+                    .map(|j| node.links(i, j))
+                    .sum()
+            };
+            if let Some(k) = (0..cand.len()).min_by_key(|&k| (links(cand[k].2), k)) {
+                cand[..=k].rotate_right(1);
+            }
+        }
+        return Ok(());
+    }
+    // Candidates (positions in `cand`) by NUMA node, in the order of each node's best candidate.
+    let mut groups: Vec<Vec<usize>> = vec![(0..cand.len()).collect()];
+    if pod.numa || pod.numa_bind {
+        let mut by_node: Vec<(Option<u32>, Vec<usize>)> = Vec::new();
+        for (k, c) in cand.iter().enumerate() {
+            let n = node.numa(c.2);
+            match by_node.iter_mut().find(|g| g.0 == n) {
+                Some(g) => g.1.push(k),
+                None => by_node.push((n, vec![k])),
+            }
+        }
+        let most = by_node.iter().map(|g| g.1.len()).max().unwrap_or(0);
+        let fitting: Vec<Vec<usize>> = by_node
+            .into_iter()
+            .filter(|g| g.1.len() >= need)
+            .map(|g| g.1)
+            .collect();
+        if !fitting.is_empty() {
+            groups = fitting;
+        } else if pod.numa_bind {
+            return Err(MissReason::Numa { left: most });
+        }
+    }
+    let set_links = |ks: &[usize]| -> u32 {
+        let mut sum = 0;
+        for (x, &a) in ks.iter().enumerate() {
+            for &b in &ks[x + 1..] {
+                sum += node.links(cand[a].2, cand[b].2);
+            }
+        }
+        sum
+    };
+    // In each group the first `need` in order, or under `topology-aware` the set joined by the
+    // most NVLinks (HAMi's `computeBestCombination`; ties: the earliest in order); across groups
+    // the most links, then the group with the best candidate.
+    let mut best: Option<(u32, Vec<usize>)> = None;
+    for g in &groups {
+        let pick = if pod.topology {
+            most_linked(g, need, &set_links)
+        } else {
+            g[..need].to_vec()
+        };
+        let score = if pod.topology { set_links(&pick) } else { 0 };
+        if best.as_ref().is_none_or(|b| score > b.0) {
+            best = Some((score, pick));
+        }
+    }
+    if let Some((_, pick)) = best {
+        let mut order: Vec<(u64, u32, usize)> = pick.iter().map(|&k| cand[k]).collect();
+        order.extend(
+            (0..cand.len())
+                .filter(|k| !pick.contains(k))
+                .map(|k| cand[k]),
+        );
+        cand.copy_from_slice(&order);
+    }
+    Ok(())
+}
+
+/// The `need` members of `group` (in order) with the most links by `score`: every subset while
+/// there are at most [`TOPOLOGY_EXACT_MAX`] candidates, else greedily from the first (each next
+/// member the one most linked to those taken).
+fn most_linked(group: &[usize], need: usize, score: &dyn Fn(&[usize]) -> u32) -> Vec<usize> {
+    if group.len() <= TOPOLOGY_EXACT_MAX {
+        let n = group.len();
+        let mut idx: Vec<usize> = (0..need).collect();
+        let mut best: Option<(u32, Vec<usize>)> = None;
+        loop {
+            let set: Vec<usize> = idx.iter().map(|&i| group[i]).collect();
+            let s = score(&set);
+            if best.as_ref().is_none_or(|b| s > b.0) {
+                best = Some((s, set));
+            }
+            // The next subset in lexicographic order.
+            let Some(p) = (0..need).rev().find(|&p| idx[p] < n - need + p) else {
+                break;
+            };
+            idx[p] += 1;
+            for q in p + 1..need {
+                idx[q] = idx[q - 1] + 1;
+            }
+        }
+        return best.map(|b| b.1).unwrap_or_default();
+    }
+    let mut taken = vec![group[0]];
+    while taken.len() < need {
+        let next = group
+            .iter()
+            .filter(|k| !taken.contains(k))
+            .max_by_key(|&&k| {
+                let mut with = taken.clone();
+                with.push(k);
+                // Earlier in order wins ties: max_by_key keeps the last maximum, so rank by
+                // (links, -position).
+                (score(&with), std::cmp::Reverse(k))
+            })
+            .copied();
+        match next {
+            Some(k) => taken.push(k),
+            None => break,
+        }
+    }
+    taken
+}
+
 fn place_core<S: GpuSet + ?Sized>(
     node: &S,
     pod: &PodRequest,
@@ -1238,10 +1454,6 @@ fn place_core<S: GpuSet + ?Sized>(
                 continue;
             }
             n_usable += 1;
-            if g.cordoned {
-                continue;
-            }
-            n_open += 1;
             // GPUs of one node mostly share a model: test the type lists once per distinct model.
             let type_ok = !typed
                 || match type_memo.iter().find(|(key, _)| *key == g.model_key) {
@@ -1260,6 +1472,10 @@ fn place_core<S: GpuSet + ?Sized>(
                 continue;
             }
             n_uuid += 1;
+            if g.cordoned {
+                continue;
+            }
+            n_open += 1;
             if s.slices >= g.split {
                 continue;
             }
@@ -1292,12 +1508,12 @@ fn place_core<S: GpuSet + ?Sized>(
         if cand.len() < need {
             let why = if n_usable < need {
                 MissReason::Unhealthy { usable: n_usable }
-            } else if n_open < need {
-                MissReason::Cordoned { left: n_open }
             } else if n_type < need {
                 MissReason::Type { left: n_type }
             } else if n_uuid < need {
                 MissReason::Uuid { left: n_uuid }
+            } else if n_open < need {
+                MissReason::Cordoned { left: n_open }
             } else if n_split < need {
                 MissReason::Split { left: n_split }
             } else if n_excl < need {
@@ -1350,7 +1566,9 @@ fn place_core<S: GpuSet + ?Sized>(
             // Fullest after placement first; ties by index.
             _ => a.0 > b.0 || (a.0 == b.0 && a.1 < b.1),
         };
-        for k in 0..need {
+        let arranged = pod.topology || (need > 1 && (pod.numa || pod.numa_bind));
+        let sort_to = if arranged { cand.len() } else { need };
+        for k in 0..sort_to {
             let mut best = k;
             for j in k + 1..cand.len() {
                 if better(&cand[j], &cand[best]) {
@@ -1358,6 +1576,9 @@ fn place_core<S: GpuSet + ?Sized>(
                 }
             }
             cand.swap(k, best);
+        }
+        if arranged {
+            arrange(node, pod, need, cand).map_err(miss)?;
         }
         let mut devices = Vec::with_capacity(if record.is_some() { need } else { 0 });
         for &(_, _, i) in cand.iter().take(need) {

@@ -14,6 +14,7 @@ fn dev(uuid: &str, index: u32, model: &str, mib: u64) -> DeviceInfo {
         numa: None,
         healthy: true,
         vendor: String::new(),
+        nvlinks: Default::default(),
     }
 }
 
@@ -246,16 +247,26 @@ fn cordoned_gpus_get_no_new_pods_and_say_why() {
     n.cordon(&NameList::parse("GPU-0,GPU-1"));
     assert_eq!(
         err(&n, &one(1, Memory::Mib(1024), 0)),
-        "no GPU not cordoned (node annotation hami.io/device-cordon)"
+        "no GPU outside the cordon (node annotation hami.io/device-cordon)"
     );
     assert_eq!(
         err(&n, &one(2, Memory::Mib(1024), 0)),
-        "no GPU not cordoned (node annotation hami.io/device-cordon)"
+        "no GPU outside the cordon (node annotation hami.io/device-cordon)"
     );
     n.cordon(&NameList::parse("GPU-1"));
     assert_eq!(
         err(&n, &one(2, Memory::Mib(1024), 0)),
-        "2 GPUs not cordoned (node annotation hami.io/device-cordon) needed, only 1"
+        "2 GPUs outside the cordon (node annotation hami.io/device-cordon) needed, only 1"
+    );
+    // The only GPU of the asked type cordoned: the cordon is named, not the type.
+    let mut mixed = node(&[
+        dev("GPU-0", 0, "NVIDIA A100-SXM4-80GB", 81920),
+        dev("GPU-1", 1, "NVIDIA T4", 15360),
+    ]);
+    mixed.cordon(&NameList::parse("GPU-0"));
+    assert_eq!(
+        err(&mixed, &annotated(&[(USE_GPU_TYPE, "a100")])),
+        "no GPU outside the cordon (node annotation hami.io/device-cordon)"
     );
     // Lifting the cordon: the GPU takes pods again; its slice stayed counted throughout.
     n.cordon(&NameList::default());
@@ -847,7 +858,9 @@ fn gpu_policy_lists_read_as_hami_reads_them() {
         p("binpack,mutex"),
         Ok(GpuPolicy {
             order: Some(Policy::Binpack),
-            mutex: true
+            mutex: true,
+            topology: false,
+            numa: false,
         })
     );
     // The first ordering policy wins; empty entries and spaces are ignored.
@@ -856,19 +869,126 @@ fn gpu_policy_lists_read_as_hami_reads_them() {
         Ok(Some(Policy::Spread))
     );
     assert_eq!(p("").map(|g| (g.order, g.mutex)), Ok((None, false)));
-    assert_eq!(p("binpack,topology-aware"), Err("topology-aware".into()));
+    assert_eq!(
+        p("binpack, Topology-Aware,numa").map(|g| (g.order, g.topology, g.numa)),
+        Ok((Some(Policy::Binpack), true, true))
+    );
+    assert_eq!(p("binpack,nvlink"), Err("nvlink".into()));
     // A list without an ordering policy takes the scheduler's default.
     let pod = annotated(&[(GPU_POLICY, "mutex")]);
     assert_eq!((pod.gpu_policy, pod.mutex), (Policy::Spread, true));
     let e = PodRequest::from_annotations(
         vec![ctr("main", 1, Memory::Mib(1024), 0)],
-        |k| (k == GPU_POLICY).then_some("binpack,numa"),
+        |k| (k == GPU_POLICY).then_some("binpack,numa-first"),
         Policy::Binpack,
         Policy::Spread,
     )
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "annotation hami.io/gpu-scheduler-policy: \"numa\" is not one of binpack, spread, fragmentation, gap-aware, mutex"
+        "annotation hami.io/gpu-scheduler-policy: \"numa-first\" is not one of binpack, spread, fragmentation, gap-aware, mutex, topology-aware, numa"
+    );
+}
+
+/// An 8-GPU node wired as two NVLink islands, 0-3 and 4-7 (two links between neighbours 0-1,
+/// 2-3, 4-5, 6-7; one between 1-2 and 5-6), NUMA node 0 for 0-3 and 1 for 4-7.
+fn islands() -> NodeGpus {
+    let pairs = [
+        (0, 1, 2),
+        (2, 3, 2),
+        (4, 5, 2),
+        (6, 7, 2),
+        (1, 2, 1),
+        (5, 6, 1),
+    ];
+    let devs: Vec<DeviceInfo> = (0..8u32)
+        .map(|i| {
+            let mut d = dev(&format!("GPU-{i}"), i, "NVIDIA A100-SXM4-80GB", 81920);
+            d.numa = Some(i / 4);
+            for &(a, b, n) in &pairs {
+                if a == i {
+                    d.nvlinks.insert(format!("GPU-{b}"), n);
+                } else if b == i {
+                    d.nvlinks.insert(format!("GPU-{a}"), n);
+                }
+            }
+            d
+        })
+        .collect();
+    node(&devs)
+}
+
+fn with_policy(gpus: u32, pairs: &[(&str, &str)]) -> PodRequest {
+    let mut p = annotated(pairs);
+    p.containers[0].request.gpus = gpus;
+    p
+}
+
+#[test]
+fn topology_aware_takes_the_most_linked_set_and_keeps_it_for_those_who_need_it() {
+    let mut n = islands();
+    // Binpack alone fills the fullest GPUs: 3 and 4, which share no link.
+    n.add(&slice("GPU-3", 40960, 0));
+    n.add(&slice("GPU-4", 40960, 0));
+    let plain = with_policy(2, &[(GPU_POLICY, "binpack")]);
+    assert_eq!(uuids(&place(&n, &plain).unwrap()), [["GPU-3", "GPU-4"]]);
+    // topology-aware: a pair joined by two links, the binpack order breaking the tie between
+    // 2-3 (GPU-3 is the fullest) and the others.
+    let linked = with_policy(2, &[(GPU_POLICY, "binpack,topology-aware")]);
+    assert_eq!(uuids(&place(&n, &linked).unwrap()), [["GPU-3", "GPU-2"]]);
+    // Four GPUs: one whole island (2+2+1 links), not a mix.
+    let four = with_policy(4, &[(GPU_POLICY, "topology-aware")]);
+    let placed = place(&islands(), &four).unwrap();
+    let mut got = uuids(&placed)[0].clone();
+    got.sort();
+    assert_eq!(got, ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]);
+    // One GPU: the least linked card, leaving linked pairs whole (0 and 3 have two links, 1 and
+    // 2 three).
+    let one = with_policy(1, &[(GPU_POLICY, "spread,topology-aware")]);
+    assert_eq!(uuids(&place(&islands(), &one).unwrap()), [["GPU-0"]]);
+    // The same decision through the one-pass scorer and the full placement.
+    assert_eq!(
+        score(&n, &linked).unwrap(),
+        place_scored(&n, &linked).unwrap().1
+    );
+}
+
+#[test]
+fn numa_bind_keeps_a_container_on_one_numa_node_or_says_why() {
+    let mut n = islands();
+    // Node 0 has room on one GPU only.
+    for g in ["GPU-0", "GPU-1", "GPU-2"] {
+        n.add(&slice(g, 81920, 0));
+    }
+    let bound = with_policy(2, &[(NUMA_BIND, "true"), (GPU_POLICY, "binpack")]);
+    let placed = place(&n, &bound).unwrap();
+    let got = uuids(&placed)[0].clone();
+    assert!(
+        got.iter()
+            .all(|u| ["GPU-4", "GPU-5", "GPU-6", "GPU-7"].contains(u)),
+        "{got:?}"
+    );
+    // Now no NUMA node has two GPUs with room.
+    for g in ["GPU-4", "GPU-5", "GPU-6"] {
+        n.add(&slice(g, 81920, 0));
+    }
+    assert_eq!(
+        err(&n, &bound),
+        "2 GPUs that fit on one NUMA node (nvidia.com/numa-bind) needed, only 1"
+    );
+    // `numa` in the GPU policy prefers one node but does not insist.
+    let soft = with_policy(2, &[(GPU_POLICY, "binpack,numa")]);
+    assert_eq!(uuids(&place(&n, &soft).unwrap())[0].len(), 2);
+    // A bad value names the annotation.
+    let e = PodRequest::from_annotations(
+        vec![ctr("main", 2, Memory::Mib(1), 0)],
+        |k| (k == NUMA_BIND).then_some("yes"),
+        Policy::Binpack,
+        Policy::Spread,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "annotation nvidia.com/numa-bind: \"yes\" is not one of true, false"
     );
 }

@@ -123,6 +123,7 @@ impl DcuBackend {
                 pci_bus_id,
                 numa,
                 mig: false,
+                nvlink_peers: Vec::new(),
             };
             out.push((dev, gpu));
         }

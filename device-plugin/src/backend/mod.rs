@@ -25,6 +25,8 @@ pub struct Gpu {
     pub numa: Option<u32>,
     /// MIG mode enabled (such a card is advertised whole-card only by the NVIDIA plugin; we skip it).
     pub mig: bool,
+    /// PCI bus id at the other end of each active NVLink (one entry per link).
+    pub nvlink_peers: Vec<String>,
 }
 
 /// A health report from a backend's event source.

@@ -57,6 +57,29 @@ fn nvml_err(call: &'static str, index: u32) -> impl FnOnce(NvmlError) -> Backend
     }
 }
 
+/// `NVML_NVLINK_MAX_LINKS` of nvml.h.
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// The remote PCI bus id of each active NVLink of `d`, over links 0..`NVML_NVLINK_MAX_LINKS` (18,
+/// nvml.h) as HAMi reads them (`pkg/device/nvidia/links.go`): a device without NVLink answers
+/// `NVML_ERROR_NOT_SUPPORTED` at link 0, which ends the walk with none.
+fn nvlink_peers(d: &nvml_wrapper::Device<'_>) -> Vec<String> {
+    let mut peers = Vec::new();
+    for link in 0..NVLINK_MAX_LINKS {
+        let l = d.link_wrapper_for(link);
+        match l.is_active() {
+            Ok(true) => {
+                if let Ok(p) = l.remote_pci_info() {
+                    peers.push(p.bus_id);
+                }
+            }
+            Ok(false) => {}
+            Err(_) => break,
+        }
+    }
+    peers
+}
+
 impl DeviceBackend for NvidiaBackend {
     fn vendor(&self) -> &'static str {
         "nvidia"
@@ -86,6 +109,7 @@ impl DeviceBackend for NvidiaBackend {
                 numa: d.numa_node_id().ok(),
                 // Not supported on pre-Ampere cards: no MIG.
                 mig: d.mig_mode().map(|m| m.current == 1).unwrap_or(false),
+                nvlink_peers: nvlink_peers(&d),
             });
         }
         Ok(out)

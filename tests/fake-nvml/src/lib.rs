@@ -12,7 +12,8 @@
 //! ```json
 //! {"driverVersion": "550.54.15",
 //!  "gpus": [{"uuid": "GPU-…", "name": "NVIDIA A100-SXM4-80GB", "memoryMib": 81920, "usedMib": 0,
-//!            "busId": "00000000:3B:00.0", "numa": 0, "mig": false, "utilization": [10, 20, 30]}],
+//!            "busId": "00000000:3B:00.0", "numa": 0, "mig": false, "utilization": [10, 20, 30],
+//!            "nvlinks": [1, 1, 2]}],
 //!  "xidEvents": [{"afterMs": 200, "gpu": 0, "xid": 79}],
 //!  "eventsFile": "events.txt",
 //!  "faults": [{"function": "nvmlDeviceGetMemoryInfo_v2", "error": "GPU_IS_LOST", "count": 3, "gpu": 0}],
@@ -39,6 +40,10 @@
 //!   `NVML_ERROR_NOT_SUPPORTED`, as on GPUs without per-process accounting.
 //! - `numa` absent: `nvmlDeviceGetNumaNodeId` returns `NVML_ERROR_NOT_SUPPORTED`, as on single-socket
 //!   machines.
+//! - `nvlinks`: the GPU's NVLinks, one entry per link, each the index of the GPU at its other end
+//!   (two entries with the same peer: two links to it). Links 0.. are active, the rest up to
+//!   `NVML_NVLINK_MAX_LINKS` (18) inactive; absent: the GPU has no NVLink, and the NVLink calls
+//!   return `NVML_ERROR_NOT_SUPPORTED`, as on PCIe-only boards.
 //! - `xidEvents` fire once each, `afterMs` after `nvmlInit_v2`.
 //! - `eventsFile` is append-only: each line `<gpu index> <xid>` that a test appends is delivered once
 //!   to every event set that registered that GPU, so a test can inject an XID at any moment.
@@ -161,6 +166,8 @@ struct GpuConfig {
     mig: bool,
     #[serde(default)]
     utilization: Vec<u32>,
+    #[serde(default)]
+    nvlinks: Option<Vec<usize>>,
 }
 
 fn default_name() -> String {
@@ -180,6 +187,7 @@ impl GpuConfig {
             numa: None,
             mig: false,
             utilization: Vec::new(),
+            nvlinks: None,
         }
     }
 
@@ -722,20 +730,90 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     with_gpu("nvmlDeviceGetPciInfo_v3", device, |s, i| {
-        let bus_id = s.gpus[i]
-            .bus_id
-            .clone()
-            .unwrap_or_else(|| format!("00000000:{:02X}:00.0", i + 1));
-        // SAFETY: non-null pointer to the caller's struct; buffers are the struct's arrays.
-        unsafe {
-            (*pci).domain = 0;
-            (*pci).bus = (i + 1) as c_uint;
-            (*pci).device = 0;
-            (*pci).pci_device_id = 0x20b2_10de;
-            (*pci).pci_sub_system_id = 0x1463_10de;
-            let legacy: String = bus_id.chars().skip(4).collect();
-            write_str((*pci).bus_id_legacy.as_mut_ptr(), 16, &legacy);
-            write_str((*pci).bus_id.as_mut_ptr(), 32, &bus_id)
+        // SAFETY: non-null pointer to the caller's struct.
+        unsafe { write_pci(pci, &s.gpus[i], i) }
+    })
+}
+
+/// Fills the caller's `nvmlPciInfo_t` for GPU `i`.
+///
+/// # Safety
+/// `pci` is a valid, non-null pointer to an `nvmlPciInfo_t`.
+unsafe fn write_pci(pci: *mut NvmlPciInfo, gpu: &GpuConfig, i: usize) -> NvmlReturn {
+    let bus_id = gpu
+        .bus_id
+        .clone()
+        .unwrap_or_else(|| format!("00000000:{:02X}:00.0", i + 1));
+    // SAFETY: the caller's pointer is valid; buffers are the struct's arrays.
+    unsafe {
+        (*pci).domain = 0;
+        (*pci).bus = (i + 1) as c_uint;
+        (*pci).device = 0;
+        (*pci).pci_device_id = 0x20b2_10de;
+        (*pci).pci_sub_system_id = 0x1463_10de;
+        let legacy: String = bus_id.chars().skip(4).collect();
+        write_str((*pci).bus_id_legacy.as_mut_ptr(), 16, &legacy);
+        write_str((*pci).bus_id.as_mut_ptr(), 32, &bus_id)
+    }
+}
+
+/// `NVML_NVLINK_MAX_LINKS` of nvml.h.
+const NVLINK_MAX_LINKS: usize = 18;
+
+/// The peer GPU index of `link` on GPU `i`: `Err` with NVML's code when the GPU has no NVLink
+/// (`NVML_ERROR_NOT_SUPPORTED`) or the link number is out of range (`NVML_ERROR_INVALID_ARGUMENT`);
+/// `Ok(None)` for an inactive link.
+fn nvlink_peer(s: &State, i: usize, link: c_uint) -> Result<Option<usize>, NvmlReturn> {
+    let links = s.gpus[i].nvlinks.as_ref().ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+    if link as usize >= NVLINK_MAX_LINKS {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(links.get(link as usize).copied())
+}
+
+/// `nvmlDeviceGetNvLinkState`: `NVML_FEATURE_ENABLED` (1) for an active link, `DISABLED` (0)
+/// otherwise (nvml.h: "Retrieves the state of the device's NvLink for the link specified").
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: NvmlDevice,
+    link: c_uint,
+    is_active: *mut c_uint,
+) -> NvmlReturn {
+    if is_active.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetNvLinkState", device, |s, i| {
+        match nvlink_peer(s, i, link) {
+            Ok(peer) => {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { *is_active = c_uint::from(peer.is_some()) };
+                NVML_SUCCESS
+            }
+            Err(code) => code,
+        }
+    })
+}
+
+/// `nvmlDeviceGetNvLinkRemotePciInfo_v2`: the PCI information of the device at the other end of
+/// an active link (its `busId` as `nvmlDeviceGetPciInfo_v3` reports it); an inactive link is
+/// `NVML_ERROR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: NvmlDevice,
+    link: c_uint,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
+    if pci.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetNvLinkRemotePciInfo_v2", device, |s, i| {
+        match nvlink_peer(s, i, link) {
+            Ok(Some(peer)) if peer < s.gpus.len() => {
+                // SAFETY: non-null pointer to the caller's struct.
+                unsafe { write_pci(pci, &s.gpus[peer], peer) }
+            }
+            Ok(_) => NVML_ERROR_INVALID_ARGUMENT,
+            Err(code) => code,
         }
     })
 }

@@ -472,6 +472,7 @@ fn device(uuid: &str, model: &str, mib: u64, split: u32) -> DeviceInfo {
         numa: Some(0),
         healthy: true,
         vendor: String::new(),
+        nvlinks: Default::default(),
     }
 }
 

@@ -200,15 +200,16 @@ fn settings_violation(
     rules: &PolicyRules,
 ) -> Option<Violation> {
     let name = &c.resources.name;
+    // The last entry of a name wins in the container; the device plugin reads its literal value
+    // (a `valueFrom` there means nothing the plugin acts on).
     let value_of = |var: &str| {
         c.json
             .get("env")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter(|e| e.get("name").and_then(Value::as_str) == Some(var))
-            .filter_map(|e| e.get("value").and_then(Value::as_str))
-            .next_back()
+            .rfind(|e| e.get("name").and_then(Value::as_str) == Some(var))
+            .and_then(|e| e.get("value").and_then(Value::as_str))
     };
     let invalid = |what: String| Violation {
         rule: "validSettings",
@@ -242,10 +243,19 @@ fn settings_violation(
     }
     let lifted = if value_of(env::DISABLE_CONTROL).is_some_and(env::go_true) {
         Some(format!("{} lifts every vGPU limit", env::DISABLE_CONTROL))
-    } else if policy == Some(env::CorePolicy::Disable) {
-        Some(format!("{}=disable lifts the core limit", env::CORE_POLICY))
     } else {
-        None
+        match policy {
+            Some(env::CorePolicy::Disable) => {
+                Some(format!("{}=disable lifts the core limit", env::CORE_POLICY))
+            }
+            // A container that may choose `default` may make its co-tenants look idle (they
+            // share the GPU's activity file) and so run past its core limit.
+            Some(env::CorePolicy::Default) => Some(format!(
+                "{}=default lifts the core limit while no other container launches",
+                env::CORE_POLICY
+            )),
+            _ => None,
+        }
     };
     lifted.map(|what| Violation {
         rule: "denyDisableControl",
@@ -372,9 +382,24 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            run(with_env("GPU_CORE_UTILIZATION_POLICY", "default"), &fine),
+            run(with_env("GPU_CORE_UTILIZATION_POLICY", "FORCE"), &fine),
             Ok(())
         );
+        assert_eq!(
+            rule_of(with_env("GPU_CORE_UTILIZATION_POLICY", "default")),
+            "denyDisableControl"
+        );
+        // In an init container too; the last entry of a name decides, as in the container.
+        let init = json!({"metadata": {"name": "p"}, "spec": {
+            "initContainers": [{"name": "prep", "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]}],
+            "containers": [{"name": "train", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        assert_eq!(rule_of(init), "denyDisableControl");
+        let last = gpu_pod(
+            json!({"env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"},
+            {"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]}),
+        );
+        assert_eq!(run(last, &fine), Ok(()));
         // An allowed namespace, or the rule off.
         let admin = PolicyRules {
             disable_control_namespaces: vec!["team-a".into()],
