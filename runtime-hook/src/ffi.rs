@@ -1332,14 +1332,19 @@ impl Hook {
             return;
         };
         let started = now_ns();
+        let mut waited = false;
         while d < 64
             && PAUSED.load(Ordering::Relaxed) & (1 << d) != 0
             && monotonic_ms().saturating_sub(PAUSED_AT.load(Ordering::Relaxed)) <= PAUSE_STALE_MS
         {
             std::thread::sleep(PAUSE_POLL);
+            waited = true;
         }
-        if let Ok(s) = self.slot() {
-            self.ledger.throttled(s, now_ns().saturating_sub(started));
+        // Only a launch that waited is metered (another device's pause brings every launch here).
+        if waited {
+            if let Ok(s) = self.slot() {
+                self.ledger.throttled(s, now_ns().saturating_sub(started));
+            }
         }
     }
 
