@@ -497,21 +497,30 @@ fn gpu_hot_is_one_cache_line() {
 
 proptest::proptest! {
     /// Whatever arrives, placing pod after pod never puts more memory, cores or slices on a GPU than
-    /// it has, never the same GPU twice in a container, and an exclusive slice is alone.
+    /// it has, never the same GPU twice in a container, never a new slice on a cordoned GPU, and
+    /// an exclusive (gpucores 100 or mutex) slice is alone; under `nvidia.com/numa-bind` a
+    /// container's GPUs share a NUMA node.
     #[test]
     fn never_overcommits(
-        cards in proptest::collection::vec((1u64..100_000, 1u32..6, proptest::bool::ANY), 1..8),
-        pods in proptest::collection::vec((1u32..4, 1u64..60_000, 0u32..101, proptest::bool::ANY, 1u32..101, proptest::bool::ANY, 0u8..6), 1..40),
+        cards in proptest::collection::vec((1u64..100_000, 1u32..6, proptest::bool::ANY, 0u8..4), 1..8),
+        pods in proptest::collection::vec((1u32..4, 1u64..60_000, 0u32..101, proptest::bool::ANY, 1u32..101, proptest::bool::ANY, 0u8..6, 0u8..5), 1..40),
     ) {
-        let devs: Vec<_> = cards.iter().enumerate().map(|(i, &(mib, split, a100))| {
+        let devs: Vec<_> = cards.iter().enumerate().map(|(i, &(mib, split, a100, extra))| {
             let model = if a100 { "NVIDIA A100-SXM4-80GB" } else { "NVIDIA T4" };
             let mut d = dev(&format!("GPU-{i}"), i as u32, model, mib);
             d.split = split;
+            d.numa = (extra > 0).then_some(u32::from(extra % 2));
+            if i > 0 && extra % 2 == 1 {
+                d.nvlinks.insert(format!("GPU-{}", i - 1), u32::from(extra));
+            }
             d
         }).collect();
         let mut n = node(&devs);
+        // Every third card cordoned (from the start: the slices the test places are new ones).
+        let cordoned: Vec<String> = (0..devs.len()).filter(|i| i % 3 == 2).map(|i| format!("GPU-{i}")).collect();
+        n.cordon(&NameList::parse(&cordoned.join(",")));
         let mut placed: Vec<Vec<DeviceSlice>> = vec![Vec::new(); devs.len()];
-        for (gpus, mib, cores, pct, p, spread, lists) in pods {
+        for (gpus, mib, cores, pct, p, spread, lists, hami) in pods {
             let memory = if pct { Memory::Percent(p) } else { Memory::Mib(mib) };
             let mut pod = one(gpus, memory, cores);
             // Type and UUID lists, so the one-container pass is checked with them too.
@@ -523,6 +532,9 @@ proptest::proptest! {
                 _ => {}
             }
             pod.gpu_policy = if spread { Policy::Spread } else { Policy::Binpack };
+            pod.mutex = hami == 1;
+            pod.topology = hami == 2 || hami == 4;
+            pod.numa_bind = hami == 3 || hami == 4;
             pod.node_policy = if mib % 2 == 0 { Policy::Spread } else { Policy::Binpack };
             let scored = score(&n, &pod).ok();
             // The lean failure writes the same words as the Unfit it stands for.
@@ -549,6 +561,13 @@ proptest::proptest! {
             }
             if let Some((a, _)) = placed_now {
                 let u = &uuids(&a)[0];
+                proptest::prop_assert!(u.iter().all(|g| !cordoned.iter().any(|c| c == g)));
+                if pod.numa_bind {
+                    let numa: Vec<Option<u32>> = u.iter()
+                        .map(|g| n.gpus().iter().find(|x| x.uuid == *g).and_then(|x| x.numa))
+                        .collect();
+                    proptest::prop_assert!(numa.windows(2).all(|w| w[0] == w[1]), "{:?}", numa);
+                }
                 let mut d = u.clone();
                 d.sort();
                 d.dedup();
@@ -563,7 +582,7 @@ proptest::proptest! {
         for (g, slices) in n.gpus().iter().zip(&placed) {
             proptest::prop_assert!(g.used_mib <= g.memory_mib);
             proptest::prop_assert!(slices.len() as u32 <= g.split);
-            if slices.iter().any(|s| s.cores >= EXCLUSIVE_CORES) {
+            if slices.iter().any(|s| s.cores >= EXCLUSIVE_CORES || s.exclusive) {
                 proptest::prop_assert_eq!(slices.len(), 1);
             } else {
                 proptest::prop_assert!(g.used_cores <= g.cores);
