@@ -384,9 +384,13 @@ fn create_accounting_dir(dir: &std::path::Path) -> std::io::Result<()> {
 /// temporary name and linked into place, so nobody maps a file without its header.
 fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        return Ok(());
-    }
+    // A file with another layout (a damaged one, or not ours) is no use to anyone: it is replaced,
+    // and containers that start from now on share the new one.
+    let replace = match std::fs::symlink_metadata(path) {
+        Err(_) => false,
+        Ok(m) if m.is_file() && activity_layout_ok(path) => return Ok(()),
+        Ok(_) => true,
+    };
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("path has no directory"))?;
@@ -396,12 +400,28 @@ fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = dir.join(format!(".new.{}.{n}", std::process::id()));
     std::fs::write(&tmp, vgpu_core::activity::initial_bytes())?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))?;
+    if replace {
+        tracing::warn!(path = %path.display(), "GPU activity file has another layout; replaced");
+        return std::fs::rename(&tmp, path);
+    }
     let linked = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Whether the file at `path` holds the activity layout (header words checked).
+fn activity_layout_ok(path: &std::path::Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    let words: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    vgpu_core::activity::layout_ok(&words)
 }
 
 /// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container

@@ -354,6 +354,10 @@ async fn hami_settings_from_the_pod_reach_the_container() {
         json!({"name": "main", "image": "cuda", "env": env_vars,
             "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}}})
     };
+    // A damaged activity file for the GPU is replaced at the next Allocate.
+    let board = env.host_dir.join(format!("gpus/{GPU0}"));
+    std::fs::create_dir_all(board.parent().unwrap()).unwrap();
+    std::fs::write(&board, b"not a layout").unwrap();
     env.pod_with(
         "urgent",
         Some(&assignment(&[("main", &[(GPU0, 1024, 30)])])),
@@ -364,6 +368,12 @@ async fn hami_settings_from_the_pod_reach_the_container() {
     );
     let r = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
     assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "0");
+    let words: Vec<u64> = std::fs::read(&board)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert!(vgpu_core::activity::layout_ok(&words));
     assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "default");
     assert!(
         r.mounts
