@@ -18,7 +18,7 @@
 //!   denyOversizedGpumem: true
 //!   protectedPaths: [/etc/ld.so.preload, /usr/local/vgpu]
 //!   denyDisableControl: true
-//!   disableControlNamespaces: []   # may set CUDA_DISABLE_CONTROL / GPU_CORE_UTILIZATION_POLICY=disable
+//!   disableControlNamespaces: []   # may set CUDA_DISABLE_CONTROL / their own GPU_CORE_UTILIZATION_POLICY
 //! ```
 //!
 //! Every key is optional; unknown keys are an error, so a typo never silently keeps a default.

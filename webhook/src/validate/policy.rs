@@ -31,7 +31,8 @@ pub struct PolicyRules {
     /// Paths a vGPU container may not mount over (nor any directory above or below them).
     pub protected_paths: Vec<String>,
     /// HAMi's switches that lift a container's limits, `CUDA_DISABLE_CONTROL` (no hook at all) and
-    /// `GPU_CORE_UTILIZATION_POLICY=disable` (no core limit), outside `disable_control_namespaces`.
+    /// the container's own `GPU_CORE_UTILIZATION_POLICY` `disable` (no core limit) or `default`
+    /// (none while it looks alone on the GPU), outside `disable_control_namespaces`.
     pub deny_disable_control: bool,
     /// Namespaces whose pods may use those switches (an administrator's own workloads).
     pub disable_control_namespaces: Vec<String>,
