@@ -108,14 +108,27 @@ pub fn initial_bytes() -> Vec<u8> {
     words.iter().flat_map(|w| w.to_ne_bytes()).collect()
 }
 
-/// Whether words read from a file are a version-1 layout this build can use.
-pub fn layout_ok(words: &[u64]) -> bool {
-    words.len() >= FILE_WORDS
-        && words[header::MAGIC] == MAGIC
-        && words[header::VERSION] == VERSION
-        && words[header::HEADER_WORDS] == HEADER_WORDS as u64
-        && words[header::SLOT_COUNT] == SLOT_COUNT as u64
-        && words[header::SLOT_WORDS] == SLOT_WORDS as u64
+/// Bytes of the header words [`header_ok`] reads.
+pub const HEADER_CHECK_BYTES: usize = (header::SLOT_WORDS + 1) * 8;
+
+/// Whether the header words, read through `word` (index -> value), are the version-1 layout this
+/// build uses; the caller checks the file is [`FILE_BYTES`] long.
+pub fn header_ok(word: impl Fn(usize) -> u64) -> bool {
+    word(header::MAGIC) == MAGIC
+        && word(header::VERSION) == VERSION
+        && word(header::HEADER_WORDS) == HEADER_WORDS as u64
+        && word(header::SLOT_COUNT) == SLOT_COUNT as u64
+        && word(header::SLOT_WORDS) == SLOT_WORDS as u64
+}
+
+/// Whether the bytes start with a version-1 header (at least [`HEADER_CHECK_BYTES`] of them).
+pub fn header_bytes_ok(bytes: &[u8]) -> bool {
+    bytes.len() >= HEADER_CHECK_BYTES
+        && header_ok(|i| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        })
 }
 
 #[cfg(test)]
@@ -126,15 +139,15 @@ mod tests {
     fn a_new_file_has_the_layout_and_free_slots() {
         let bytes = initial_bytes();
         assert_eq!(bytes.len(), FILE_BYTES);
+        assert!(header_bytes_ok(&bytes));
         let words: Vec<u64> = bytes
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
             .collect();
-        assert!(layout_ok(&words));
         assert!((0..SLOT_COUNT).all(|s| words[slot_word(s, slot::CLAIM)] == 0));
-        let mut other = words.clone();
-        other[header::VERSION] = 2;
-        assert!(!layout_ok(&other) && !layout_ok(&words[..10]));
+        let mut other = bytes.clone();
+        other[header::VERSION * 8] = 2;
+        assert!(!header_bytes_ok(&other) && !header_bytes_ok(&bytes[..HEADER_CHECK_BYTES - 1]));
     }
 
     #[test]

@@ -113,6 +113,29 @@ impl CorePolicy {
     }
 }
 
+/// A pod's own setting that lifts one of its vGPU limits: only the namespaces an administrator
+/// lists may use one (the validating webhook refuses it elsewhere, the device plugin does not
+/// start it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lift {
+    /// `CUDA_DISABLE_CONTROL` true: no hook at all.
+    DisableControl,
+    /// The container's own core policy other than `force`: `disable` (no core limit) or
+    /// `default` (none while it looks alone on the GPU: it shares the GPU's activity file with
+    /// its co-tenants, so it could make them look idle).
+    CorePolicy(CorePolicy),
+}
+
+/// What a container's own settings lift, if anything.
+pub fn lift(disable_control: bool, own_policy: Option<CorePolicy>) -> Option<Lift> {
+    if disable_control {
+        return Some(Lift::DisableControl);
+    }
+    own_policy
+        .filter(|p| *p != CorePolicy::Force)
+        .map(Lift::CorePolicy)
+}
+
 /// Reads a task priority: `0` (high) or `1` (low).
 pub fn parse_priority(value: &str) -> Result<u8, EnvValueError> {
     match value.trim() {

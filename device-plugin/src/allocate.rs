@@ -88,20 +88,15 @@ impl Runtime {
                 CorePolicy::parse(v).map_err(|e| format!("env {}: {e}", env::CORE_POLICY))?
             }
         };
-        if !lift_allowed {
-            let lifted = if s.disable_control {
-                Some(format!("{}=true", env::DISABLE_CONTROL))
-            } else {
-                s.core_policy
-                    .as_ref()
-                    .filter(|_| core_policy != CorePolicy::Force)
-                    .map(|_| format!("{}={}", env::CORE_POLICY, core_policy.as_str()))
+        let own_policy = s.core_policy.is_some().then_some(core_policy);
+        if let (false, Some(lift)) = (lift_allowed, env::lift(s.disable_control, own_policy)) {
+            let what = match lift {
+                env::Lift::DisableControl => format!("{}=true", env::DISABLE_CONTROL),
+                env::Lift::CorePolicy(p) => format!("{}={}", env::CORE_POLICY, p.as_str()),
             };
-            if let Some(what) = lifted {
-                return Err(format!(
-                    "{what} lifts a vGPU limit, and the pod's namespace is not in --disable-control-namespaces"
-                ));
-            }
+            return Err(format!(
+                "{what} lifts a vGPU limit, and the pod's namespace is not in --disable-control-namespaces"
+            ));
         }
         Ok(Runtime {
             priority,

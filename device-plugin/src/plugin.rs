@@ -388,7 +388,13 @@ fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
     // and containers that start from now on share the new one.
     let replace = match std::fs::symlink_metadata(path) {
         Err(_) => false,
-        Ok(m) if m.is_file() && activity_layout_ok(path) => return Ok(()),
+        Ok(m)
+            if m.is_file()
+                && m.len() == vgpu_core::activity::FILE_BYTES as u64
+                && activity_header_ok(path) =>
+        {
+            return Ok(())
+        }
         Ok(_) => true,
     };
     let dir = path
@@ -412,16 +418,14 @@ fn create_activity_file(path: &std::path::Path) -> std::io::Result<()> {
     }
 }
 
-/// Whether the file at `path` holds the activity layout (header words checked).
-fn activity_layout_ok(path: &std::path::Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
-        return false;
-    };
-    let words: Vec<u64> = bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
-        .collect();
-    vgpu_core::activity::layout_ok(&words)
+/// Whether the file at `path` starts with the activity header (only the header is read: this runs
+/// at every Allocate).
+fn activity_header_ok(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; vgpu_core::activity::HEADER_CHECK_BYTES];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| vgpu_core::activity::header_bytes_ok(&head))
 }
 
 /// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container

@@ -12,8 +12,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use vgpu_core::activity::{
-    claim, header, held, owner, slot, slot_word, FILE_WORDS, HEADER_WORDS, MAGIC,
-    PRIORITY_WINDOW_MS, SHARED_WINDOW_MS, SLOT_COUNT, SLOT_WORDS, VERSION,
+    claim, header_ok, held, owner, slot, slot_word, FILE_WORDS, PRIORITY_WINDOW_MS,
+    SHARED_WINDOW_MS, SLOT_COUNT,
 };
 
 /// One process's view of a GPU's activity words.
@@ -25,12 +25,7 @@ impl<'a> Board<'a> {
     /// The board over these words, when they hold the version-1 layout (the device plugin lays
     /// it out when it creates the file).
     pub fn new(words: &'a [AtomicU64]) -> Option<Board<'a>> {
-        let ok = words.len() >= FILE_WORDS
-            && words[header::MAGIC].load(SeqCst) == MAGIC
-            && words[header::VERSION].load(SeqCst) == VERSION
-            && words[header::HEADER_WORDS].load(SeqCst) == HEADER_WORDS as u64
-            && words[header::SLOT_COUNT].load(SeqCst) == SLOT_COUNT as u64
-            && words[header::SLOT_WORDS].load(SeqCst) == SLOT_WORDS as u64;
+        let ok = words.len() >= FILE_WORDS && header_ok(|i| words[i].load(SeqCst));
         ok.then_some(Board { words })
     }
 
@@ -203,7 +198,7 @@ mod tests {
             assert!(b.claim(t, 1, 1, 5).is_some());
         }
         assert_eq!(b.claim(9999, 1, 1, 5), None);
-        w[header::VERSION].store(2, SeqCst);
+        w[vgpu_core::activity::header::VERSION].store(2, SeqCst);
         assert!(Board::new(&w).is_none());
         assert!(Board::new(&w[..4]).is_none());
     }

@@ -521,8 +521,10 @@ impl Boards {
             let Some(path) = dir.as_ref().map(|d| d.join("gpus").join(i.to_string())) else {
                 break;
             };
+            // The device plugin mounts one per device, 0.. in order: the first missing ends the
+            // list (a process outside Kubernetes looks once, not 16 times).
             if std::fs::symlink_metadata(&path).is_err() {
-                continue;
+                break;
             }
             let words = map_existing(&path, vgpu_core::activity::FILE_WORDS);
             match words.map(|w| Board::new(w).ok_or("it has another layout".to_string())) {

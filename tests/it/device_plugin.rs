@@ -368,12 +368,9 @@ async fn hami_settings_from_the_pod_reach_the_container() {
     );
     let r = c.allocate(&[&format!("{GPU0}::0")]).await.unwrap();
     assert_eq!(r.envs["CUDA_TASK_PRIORITY"], "0");
-    let words: Vec<u64> = std::fs::read(&board)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
-    assert!(vgpu_core::activity::layout_ok(&words));
+    let bytes = std::fs::read(&board).unwrap();
+    assert_eq!(bytes.len(), vgpu_core::activity::FILE_BYTES);
+    assert!(vgpu_core::activity::header_bytes_ok(&bytes));
     assert_eq!(r.envs["GPU_CORE_UTILIZATION_POLICY"], "default");
     assert!(
         r.mounts
@@ -452,11 +449,8 @@ async fn allocate_single_and_multi_gpu_from_the_assignment() {
     // The GPU's activity file: laid out, open to every container user.
     let board = env.host_dir.join(format!("gpus/{GPU1}"));
     let bytes = std::fs::read(&board).unwrap();
-    let words: Vec<u64> = bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
-    assert!(vgpu_core::activity::layout_ok(&words));
+    assert_eq!(bytes.len(), vgpu_core::activity::FILE_BYTES);
+    assert!(vgpu_core::activity::header_bytes_ok(&bytes));
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&board).unwrap().permissions().mode() & 0o777,

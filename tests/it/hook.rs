@@ -1148,24 +1148,27 @@ impl SharedGpu {
         SharedGpu { env, hook }
     }
 
-    /// The probe as container `name` with `vars`, stdout piped.
+    /// The probe as container `name` with `vars` ([`Env::command`] with this container's hook and
+    /// accounting file, the fake GPU at 50 us a block), stdout and stderr piped.
     fn spawn(&self, name: &str, vars: &[(&str, &str)], args: &[&str]) -> std::process::Child {
-        let mut cmd = Command::new(&self.env.probe);
-        cmd.args(args)
-            .env_clear()
-            .env("LD_LIBRARY_PATH", self.env.dir.path())
+        self.env
+            .command(&[&[("FAKE_CUDA_BLOCK_NS", "50000")], vars].concat(), args)
             .env("LD_PRELOAD", &self.hook)
-            .env("FAKE_CUDA_BLOCK_NS", "50000")
             .env(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
                 self.env.dir.path().join(name).join("vgpu.cache"),
             )
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        for (k, v) in vars {
-            cmd.env(k, v);
-        }
-        cmd.spawn().unwrap()
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// [`SharedGpu::spawn`], its windows streamed.
+    fn launch(&self, name: &str, vars: &[(&str, &str)], args: &[&str]) -> Launcher {
+        let mut child = self.spawn(name, vars, args);
+        let windows = stream_windows(&mut child);
+        Launcher { child, windows }
     }
 
     fn snapshot(&self, name: &str) -> Snapshot {
@@ -1176,6 +1179,36 @@ impl SharedGpu {
 
 /// A probe's `window` lines so far, and whether its output has ended.
 type Windows = std::sync::Arc<std::sync::Mutex<(Vec<(f64, f64)>, bool)>>;
+
+/// How long the priority tests wait for a probe's output.
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A probe running a `rate` step, its windows read as they come.
+struct Launcher {
+    child: std::process::Child,
+    windows: Windows,
+}
+
+impl Launcher {
+    /// Waits until the probe has run `ms` of its own clock; returns that moment on its clock
+    /// (the end of the window that started at `ms` or later).
+    fn ran(&self, ms: f64) -> f64 {
+        vgpu_tests::wait_for(PROBE_WAIT, &format!("the probe's first {ms} ms"), || {
+            let w = self.windows.lock().unwrap();
+            w.0.iter().find(|x| x.0 >= ms).map(|x| x.0 + 100.0)
+        })
+    }
+
+    /// Waits for a successful exit and the end of the output; the windows.
+    fn finish(mut self) -> Vec<(f64, f64)> {
+        assert!(self.child.wait().unwrap().success());
+        vgpu_tests::wait_for(PROBE_WAIT, "the probe's output", || {
+            self.windows.lock().unwrap().1.then_some(())
+        });
+        let w = self.windows.lock().unwrap().0.clone();
+        w
+    }
+}
 
 /// A probe's `window` lines as they come.
 fn stream_windows(child: &mut std::process::Child) -> Windows {
@@ -1213,32 +1246,23 @@ fn a_low_priority_container_waits_while_a_high_one_launches() {
     let gpu = SharedGpu::new();
     let low_vars = [("CUDA_TASK_PRIORITY", "1")];
     let high_vars = [("CUDA_TASK_PRIORITY", "0")];
-    let wait = std::time::Duration::from_secs(20);
 
     // The high one runs 1.5 s and exits.
-    let mut low = gpu.spawn(
+    let low = gpu.launch(
         "low",
         &low_vars,
         &["direct", "init", "ctx:0", "rate:4500:100:4"],
     );
-    let low_windows = stream_windows(&mut low);
-    let ms_at_spawn = vgpu_tests::wait_for(wait, "the low one's first 500 ms", || {
-        let w = low_windows.lock().unwrap();
-        w.0.iter().find(|x| x.0 >= 500.0).map(|x| x.0 + 100.0)
-    });
+    let ms_at_spawn = low.ran(500.0);
     let high_started = std::time::Instant::now();
-    let mut high = gpu.spawn(
+    let high = gpu.launch(
         "high",
         &high_vars,
         &["direct", "init", "ctx:0", "rate:1500:100:4"],
     );
-    assert!(high.wait().unwrap().success());
+    high.finish();
     let high_ran = high_started.elapsed().as_secs_f64() * 1e3;
-    assert!(low.wait().unwrap().success());
-    vgpu_tests::wait_for(wait, "the low one's output", || {
-        low_windows.lock().unwrap().1.then_some(())
-    });
-    let w = low_windows.lock().unwrap().0.clone();
+    let w = low.finish();
     let before = windows_started(&w, 0.0, ms_at_spawn);
     let (from, to) = (ms_at_spawn + 300.0, ms_at_spawn + high_ran - 100.0);
     let during = windows_started(&w, from, to);
@@ -1255,34 +1279,23 @@ fn a_low_priority_container_waits_while_a_high_one_launches() {
     assert_eq!(gpu.snapshot("high").throttled_ns(), 0);
 
     // The high one is SIGKILLed while it launches.
-    let mut low = gpu.spawn(
+    let low = gpu.launch(
         "low",
         &low_vars,
         &["direct", "init", "ctx:0", "rate:4000:100:4"],
     );
-    let low_windows = stream_windows(&mut low);
-    let ms_at_spawn = vgpu_tests::wait_for(wait, "the low one's first 500 ms", || {
-        let w = low_windows.lock().unwrap();
-        w.0.iter().find(|x| x.0 >= 500.0).map(|x| x.0 + 100.0)
-    });
+    let ms_at_spawn = low.ran(500.0);
     let high_started = std::time::Instant::now();
-    let mut high = gpu.spawn(
+    let mut high = gpu.launch(
         "high",
         &high_vars,
         &["direct", "init", "ctx:0", "rate:60000:100:4"],
     );
-    let high_windows = stream_windows(&mut high);
-    vgpu_tests::wait_for(wait, "the high one's launches", || {
-        (high_windows.lock().unwrap().0.len() >= 5).then_some(())
-    });
-    high.kill().unwrap();
+    high.ran(400.0);
+    high.child.kill().unwrap();
     let killed_at = ms_at_spawn + high_started.elapsed().as_secs_f64() * 1e3;
-    high.wait().unwrap();
-    assert!(low.wait().unwrap().success());
-    vgpu_tests::wait_for(wait, "the low one's output", || {
-        low_windows.lock().unwrap().1.then_some(())
-    });
-    let w = low_windows.lock().unwrap().0.clone();
+    high.child.wait().unwrap();
+    let w = low.finish();
     let before = w.iter().take(5).map(|x| x.1).fold(0.0, f64::max);
     // The first window after the kill that runs at half the earlier rate or more.
     let resumed = w
@@ -1304,31 +1317,22 @@ fn a_low_priority_container_waits_while_a_high_one_launches() {
 fn priority_pauses_only_on_the_gpu_the_high_one_uses() {
     let _serial = timing();
     let gpu = SharedGpu::new();
-    let wait = std::time::Duration::from_secs(20);
     let two = ("FAKE_CUDA_DEVICE_MEMORY", "16g,16g");
-    let mut low = gpu.spawn(
+    let low = gpu.launch(
         "low",
         &[two, ("CUDA_TASK_PRIORITY", "1")],
         &["direct", "init", "ctx:1", "rate:3000:100:4"],
     );
-    let low_windows = stream_windows(&mut low);
-    let ms_at_spawn = vgpu_tests::wait_for(wait, "the low one's first 500 ms", || {
-        let w = low_windows.lock().unwrap();
-        w.0.iter().find(|x| x.0 >= 500.0).map(|x| x.0 + 100.0)
-    });
+    let ms_at_spawn = low.ran(500.0);
     let started = std::time::Instant::now();
-    let mut high = gpu.spawn(
+    gpu.launch(
         "high",
         &[two, ("CUDA_TASK_PRIORITY", "0")],
         &["direct", "init", "ctx:0", "rate:1500:100:4"],
-    );
-    assert!(high.wait().unwrap().success());
+    )
+    .finish();
     let ran = started.elapsed().as_secs_f64() * 1e3;
-    assert!(low.wait().unwrap().success());
-    vgpu_tests::wait_for(wait, "the low one's output", || {
-        low_windows.lock().unwrap().1.then_some(())
-    });
-    let w = low_windows.lock().unwrap().0.clone();
+    let w = low.finish();
     let during = windows_started(&w, ms_at_spawn + 300.0, ms_at_spawn + ran - 100.0);
     assert!(during > 0.8, "paused on another GPU: {during:.2}; {w:?}");
     assert_eq!(gpu.snapshot("low").throttled_ns(), 0);
@@ -1341,7 +1345,6 @@ fn priority_pauses_only_on_the_gpu_the_high_one_uses() {
 fn the_core_policy_decides_when_the_sm_limit_applies() {
     let _serial = timing();
     let gpu = SharedGpu::new();
-    let wait = std::time::Duration::from_secs(20);
     let run_alone = |name: &str, policy: &str| {
         let mut c = gpu.spawn(
             name,
@@ -1359,16 +1362,13 @@ fn the_core_policy_decides_when_the_sm_limit_applies() {
     assert_eq!(run_alone("alone", "default"), 0);
 
     // Another container launches the whole time: `default` throttles to 30 %.
-    let mut other = gpu.spawn(
+    let mut other = gpu.launch(
         "other",
         &[],
         &["direct", "init", "ctx:0", "rate:6000:100:4"],
     );
-    let other_windows = stream_windows(&mut other);
-    vgpu_tests::wait_for(wait, "the other container's launches", || {
-        (other_windows.lock().unwrap().0.len() >= 3).then_some(())
-    });
-    let mut shared = gpu.spawn(
+    other.ran(200.0);
+    let shared = gpu.launch(
         "shared",
         &[
             ("CUDA_DEVICE_SM_LIMIT", "30"),
@@ -1376,14 +1376,9 @@ fn the_core_policy_decides_when_the_sm_limit_applies() {
         ],
         &["direct", "init", "ctx:0", "rate:3000:250:4"],
     );
-    let shared_windows = stream_windows(&mut shared);
-    assert!(shared.wait().unwrap().success());
-    other.kill().unwrap();
-    other.wait().unwrap();
-    vgpu_tests::wait_for(wait, "the shared container's output", || {
-        shared_windows.lock().unwrap().1.then_some(())
-    });
-    let w = shared_windows.lock().unwrap().0.clone();
+    let w = shared.finish();
+    other.child.kill().unwrap();
+    other.child.wait().unwrap();
     let pace = 1e9 / (4.0 * 50_000.0);
     let late: Vec<f64> = w
         .iter()

@@ -356,15 +356,11 @@ async fn topology_numa_and_cordon_from_hami_annotations() {
         "bound",
         json!({"nvidia.com/numa-bind": "true", "hami.io/gpu-scheduler-policy": "binpack"}),
     );
-    api.merge_patch(
-        "v1",
-        "nodes",
-        "",
-        "nv",
-        &json!({"metadata": {"annotations": {
-        "hami.io/device-cordon": "GPU-a, GPU-d"}}}),
-    )
-    .unwrap();
+    let cordon = |uuids: Value| {
+        let ann = json!({"metadata": {"annotations": {"hami.io/device-cordon": uuids}}});
+        api.merge_patch("v1", "nodes", "", "nv", &ann).unwrap();
+    };
+    cordon(json!("GPU-a, GPU-d"));
     vgpu_tests::wait_for_async(WAIT, "the cordon in the extender's cache", || async {
         let r = s.filter(&api, "bound", &["nv"]).await;
         (r["FailedNodes"]["nv"]
@@ -372,15 +368,7 @@ async fn topology_numa_and_cordon_from_hami_annotations() {
             .then_some(())
     })
     .await;
-    api.merge_patch(
-        "v1",
-        "nodes",
-        "",
-        "nv",
-        &json!({"metadata": {"annotations": {
-        "hami.io/device-cordon": null}}}),
-    )
-    .unwrap();
+    cordon(Value::Null);
     vgpu_tests::wait_for_async(WAIT, "the cordon lifted", || async {
         let r = s.filter(&api, "bound", &["nv"]).await;
         (r["NodeNames"] == json!(["nv"])).then_some(())

@@ -242,23 +242,18 @@ fn settings_violation(
     if allowed {
         return None;
     }
-    let lifted = if value_of(env::DISABLE_CONTROL).is_some_and(env::go_true) {
-        Some(format!("{} lifts every vGPU limit", env::DISABLE_CONTROL))
-    } else {
-        match policy {
-            Some(env::CorePolicy::Disable) => {
-                Some(format!("{}=disable lifts the core limit", env::CORE_POLICY))
-            }
-            // A container that may choose `default` may make its co-tenants look idle (they
-            // share the GPU's activity file) and so run past its core limit.
-            Some(env::CorePolicy::Default) => Some(format!(
-                "{}=default lifts the core limit while no other container launches",
-                env::CORE_POLICY
-            )),
-            _ => None,
+    let disable_control = value_of(env::DISABLE_CONTROL).is_some_and(env::go_true);
+    let what = match env::lift(disable_control, policy)? {
+        env::Lift::DisableControl => format!("{} lifts every vGPU limit", env::DISABLE_CONTROL),
+        env::Lift::CorePolicy(env::CorePolicy::Default) => format!(
+            "{}=default lifts the core limit while no other container launches",
+            env::CORE_POLICY
+        ),
+        env::Lift::CorePolicy(p) => {
+            format!("{}={} lifts the core limit", env::CORE_POLICY, p.as_str())
         }
     };
-    lifted.map(|what| Violation {
+    Some(Violation {
         rule: "denyDisableControl",
         message: format!(
             "vgpu policy: container {name:?}: {what}; only namespaces in policy.disableControlNamespaces may set it (rule denyDisableControl)"
