@@ -11,6 +11,8 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use vgpu_core::assignment::{ContainerAssignment, DeviceSlice, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
+use vgpu_core::placement::host::{HostLeft, HostRequest};
+use vgpu_core::placement::Policy;
 use vgpu_scheduler::extender::ExtenderArgs;
 use vgpu_scheduler::server::{unix_now, AppState, Settings};
 
@@ -20,11 +22,14 @@ const GPUS: u32 = 8;
 /// The cluster, served with `choose_node` as given. Without it every fitting node passes and
 /// prioritize scores them all, the heavier mode, which the criterion cases measure; with it (the
 /// default) the filter passes one node, and kube-scheduler skips prioritize for a single node.
-fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
+fn cluster(choose_node: bool, policy: Option<Policy>) -> (AppState, Vec<String>) {
+    let defaults = Settings::default();
     let s = AppState::new(
         Settings {
             choose_node,
-            ..Settings::default()
+            node_policy: policy.unwrap_or(defaults.node_policy),
+            gpu_policy: policy.unwrap_or(defaults.gpu_policy),
+            ..defaults
         },
         None,
     );
@@ -61,6 +66,13 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
                 Some(&hb),
                 None,
             );
+            c.apply_allocatable(
+                &name,
+                Some(HostLeft {
+                    cpu_milli: 96_000,
+                    mem_mib: 786_432,
+                }),
+            );
             for i in 0..GPUS {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -82,7 +94,14 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
                         }],
                     }],
                 );
-                c.apply_pod(&format!("pod-{n}-{i}"), Some(&name), Some(a), false);
+                let uid = format!("pod-{n}-{i}");
+                // Alibaba-like requests: 2-12 cores and 8-48 GiB per GPU pod.
+                let host = HostRequest {
+                    cpu_milli: 2000 * (1 + x % 6),
+                    mem_mib: 8192 * (1 + x % 6),
+                };
+                c.apply_pod_host(&uid, Some(&name), host, false);
+                c.apply_pod(&uid, Some(&name), Some(a), false);
             }
             names.push(name);
         }
@@ -93,7 +112,8 @@ fn cluster(choose_node: bool) -> (AppState, Vec<String>) {
 fn args(names: &[String], limits: serde_json::Value) -> ExtenderArgs {
     serde_json::from_value(json!({
         "Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "bench-uid"},
-            "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": limits,
+                "requests": {"cpu": "4", "memory": "16Gi"}}}]}},
         "NodeNames": names,
     }))
     .unwrap()
@@ -139,7 +159,7 @@ fn handlers_json(s: &AppState, filter_body: &[u8], prioritize_body: &[u8], now: 
 }
 
 fn bench(c: &mut Criterion) {
-    let (s, names) = cluster(false);
+    let (s, names) = cluster(false, None);
     let now = unix_now();
     let vgpu = args(
         &names,
@@ -191,10 +211,44 @@ fn bench(c: &mut Criterion) {
     let (vgpu_p, typed_p) = (p_body(&s, &vgpu), p_body(&s, &typed));
     // The default mode: the filter passes the best node alone; prioritize (which kube-scheduler
     // skips for one node) is still timed, over that node.
-    let (chosen, _) = cluster(true);
+    let (chosen, _) = cluster(true, None);
     let (vgpu_c, typed_c) = (p_body(&chosen, &vgpu), p_body(&chosen, &typed));
+    // `gap-aware` for both policies, typical pods from the placed ones, host terms from the
+    // nodes' allocatable and the pods' requests.
+    let (gap, _) = cluster(true, Some(Policy::GapAware));
+    let (vgpu_g, typed_g) = (p_body(&gap, &vgpu), p_body(&gap, &typed));
+    // A node changes before each decision (a pod's CPU comes or goes there), as binds do.
+    let turn = std::cell::Cell::new(0usize);
+    let churn = || {
+        let i = turn.get();
+        turn.set(i + 1);
+        let host = HostRequest {
+            cpu_milli: 1000 * (i % 2) as u64,
+            mem_mib: 0,
+        };
+        let node = format!("node-{}", i * 7919 % NODES);
+        gap.cluster
+            .write()
+            .unwrap()
+            .apply_pod_host("churn", Some(&node), host, false);
+    };
     type Decide<'a> = Box<dyn Fn() -> usize + 'a>;
-    let cases: [(&str, Decide<'_>); 8] = [
+    let cases: [(&str, Decide<'_>); 11] = [
+        (
+            "gap-aware, choose-node, handlers JSON, 1 GPU 8 GiB 30%",
+            Box::new(|| handlers_json(&gap, &body, &vgpu_g, now)),
+        ),
+        (
+            "gap-aware, choose-node, handlers JSON, a node changed before each, 1 GPU 8 GiB 30%",
+            Box::new(|| {
+                churn();
+                handlers_json(&gap, &body, &vgpu_g, now)
+            }),
+        ),
+        (
+            "gap-aware, choose-node, handlers JSON, 2 GPUs 25% a100",
+            Box::new(|| handlers_json(&gap, &typed_body, &typed_g, now)),
+        ),
         (
             "choose-node, handlers JSON, 1 GPU 8 GiB 30%",
             Box::new(|| handlers_json(&chosen, &body, &vgpu_c, now)),

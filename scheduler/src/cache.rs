@@ -19,12 +19,14 @@ use std::cell::OnceCell;
 
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
-use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::placement::frag::{typical_pods, LiveFrag, ModelMask, PodShape};
+use vgpu_core::placement::host::{HostLeft, HostRequest, PodKind};
 use vgpu_core::placement::{
-    self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NameList, NodeGpus, PlaceBuf, PodRequest,
+    self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NameList, NodeGpus, PlaceBuf, PodRequest, Standing,
 };
 
 use crate::dense::{self, Dense};
+use crate::hosts::Hosts;
 
 /// The Fx hash (rustc's): a multiply-rotate over 8-byte words, several times faster than SipHash
 /// on short keys like node names. Not DoS-resistant, which is fine for keys that come from the
@@ -115,9 +117,13 @@ struct Placed {
     containers: Vec<ContainerAssignment>,
     /// When it was assumed; `None` once the watch shows it.
     assumed: Option<Instant>,
-    /// Its containers' (milli-GPU per GPU, GPUs), counted in the typical-pod table.
-    shapes: Vec<(u32, u32)>,
+    /// Its containers' kinds, counted in the typical-pod table.
+    shapes: Vec<Kind>,
 }
+
+/// A vGPU container as the typical-pod table counts it: (milli-GPU per GPU, GPUs, the pod's
+/// milli-CPU, the pod's MiB).
+type Kind = (u32, u32, u64, u64);
 
 /// Counts of nodes by state, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -206,8 +212,10 @@ pub struct Cluster {
     models: Models,
     /// Bumped on every change to what a decision reads.
     generation: u64,
-    /// Placed containers by (milli-GPU per GPU, GPUs): the typical pods of the live table.
-    shape_counts: HashMap<(u32, u32), u64>,
+    /// Placed containers by kind: the typical pods of the live table.
+    shape_counts: HashMap<Kind, u64>,
+    /// Every pod's CPU and memory on its node (the `gap-aware` host terms).
+    hosts: Hosts,
     /// The `fragmentation` and `gap-aware` policies' table from a file.
     fixed_frag: Option<LiveFrag>,
     /// The table from `shape_counts`, built when first needed after a change (a relist of
@@ -217,6 +225,8 @@ pub struct Cluster {
     /// the typical share sizes stay the same ([`LiveFrag::reuse_gaps_from`]): a burst of binds
     /// then solves the LP once, not once per bind.
     prev_frag: Option<LiveFrag>,
+    /// Changes whenever the table the policies read may have changed.
+    table_epoch: u64,
 }
 
 /// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
@@ -228,6 +238,53 @@ pub struct Scorer<'a> {
     /// The pod's type lists' verdict per model id, when it has type lists.
     verdicts: Vec<bool>,
     frag: Option<&'a LiveFrag>,
+}
+
+/// A placeholder for memo slots not filled yet (their version 0 never matches).
+const NO_MISS: Miss = Miss {
+    container: 0,
+    why: placement::MissReason::NoGpus,
+};
+
+/// The most pod requests whose standings a [`StandingMemo`] keeps.
+const MEMO_PODS: usize = 16;
+
+/// Standings of recent pod requests per node, for the policies that read the typical-pod
+/// table: each is kept while the node's dense version and the table stay the same, so that a
+/// burst of pods of a few shapes scores only the nodes the last binds changed. Without it a
+/// `gap-aware` filter over 5000 nodes costs tens of milliseconds.
+#[derive(Debug, Default)]
+pub struct StandingMemo {
+    /// (pod request, table epoch, per dense slot (version, result)), most recent first.
+    entries: Vec<(PodRequest, u64, Vec<MemoSlot>)>,
+}
+
+/// A node's remembered result: its dense version when computed (0: none) and the result.
+pub type MemoSlot = (u64, Result<Standing, Miss>);
+
+impl StandingMemo {
+    /// The slots of `pod` at table epoch `epoch` (new and empty when not kept).
+    pub fn slots(
+        &mut self,
+        pod: &PodRequest,
+        epoch: u64,
+    ) -> &mut Vec<(u64, Result<Standing, Miss>)> {
+        let at = self
+            .entries
+            .iter()
+            .position(|(p, e, _)| *e == epoch && p == pod);
+        let entry = match at {
+            Some(i) => self.entries.remove(i),
+            None => {
+                if self.entries.len() >= MEMO_PODS {
+                    self.entries.pop();
+                }
+                (pod.clone(), epoch, Vec::new())
+            }
+        };
+        self.entries.insert(0, entry);
+        &mut self.entries[0].2
+    }
 }
 
 /// Why a node failed a [`Scorer::score_lean`], cheap to make; [`Scorer::write_fail`] writes the
@@ -268,6 +325,17 @@ impl<'a> Scorer<'a> {
         hint: &mut Option<u32>,
         buf: &mut PlaceBuf,
     ) -> Result<u32, Fail<'a>> {
+        self.standing_at(name, hint, buf).map(|s| s.score)
+    }
+
+    /// [`Scorer::score_at`] with the node's rank ([`Standing`]), which a filter choosing the node
+    /// itself orders by.
+    pub fn standing_at(
+        &self,
+        name: &str,
+        hint: &mut Option<u32>,
+        buf: &mut PlaceBuf,
+    ) -> Result<Standing, Fail<'a>> {
         let c = self.cluster;
         let Some(view) = c.dense.get_at(name, hint) else {
             return Err(Fail::Unknown);
@@ -278,7 +346,49 @@ impl<'a> Scorer<'a> {
             _ => return Err(Fail::Unusable),
         }
         let set = self.set(view.gpus, name);
-        placement::score_buf(&set, self.pod, buf, self.frag).map_err(|m| Fail::Miss(view.gpus, m))
+        placement::standing_buf(&set, self.pod, buf, self.frag)
+            .map_err(|m| Fail::Miss(view.gpus, m))
+    }
+
+    /// Whether this pod's decisions read the typical-pod table (`fragmentation`, `gap-aware`):
+    /// the costly ones, worth a [`StandingMemo`].
+    pub fn reads_table(&self) -> bool {
+        self.frag.is_some()
+            && (self.pod.node_policy.uses_table() || self.pod.gpu_policy.uses_table())
+    }
+
+    /// [`Scorer::standing_at`] through `memo` (this pod's, at the cluster's current table): a
+    /// node whose dense version is the one remembered is not scored again.
+    pub fn standing_memo(
+        &self,
+        name: &str,
+        hint: &mut Option<u32>,
+        buf: &mut PlaceBuf,
+        memo: &mut Vec<MemoSlot>,
+    ) -> Result<Standing, Fail<'a>> {
+        let c = self.cluster;
+        let Some(view) = c.dense.get_at(name, hint) else {
+            return Err(Fail::Unknown);
+        };
+        match view.state {
+            dense::State::Heartbeat(t)
+                if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() => {}
+            _ => return Err(Fail::Unusable),
+        }
+        let slot = view.slot as usize;
+        if memo.len() <= slot {
+            memo.resize(slot + 1, (0, Err(NO_MISS)));
+        }
+        let got = match memo[slot] {
+            (v, r) if v == view.version && v != 0 => r,
+            _ => {
+                let set = self.set(view.gpus, name);
+                let r = placement::standing_buf(&set, self.pod, buf, self.frag);
+                memo[slot] = (view.version, r);
+                r
+            }
+        };
+        got.map_err(|m| Fail::Miss(view.gpus, m))
     }
 
     fn set<'s>(&'s self, hot: &'s [GpuHot], name: &'s str) -> DenseSet<'s> {
@@ -287,6 +397,7 @@ impl<'a> Scorer<'a> {
             verdicts: &self.verdicts,
             models: &self.cluster.models,
             nodes: &self.cluster.nodes,
+            hosts: &self.cluster.hosts,
             name,
             cold: OnceCell::new(),
         }
@@ -374,6 +485,7 @@ struct DenseSet<'a> {
     verdicts: &'a [bool],
     models: &'a Models,
     nodes: &'a NodeMap<NodeEntry>,
+    hosts: &'a Hosts,
     name: &'a str,
     cold: OnceCell<Option<&'a NodeGpus>>,
 }
@@ -422,6 +534,9 @@ impl GpuSet for DenseSet<'_> {
             _ => 0,
         }
     }
+    fn host_left(&self) -> Option<HostLeft> {
+        self.hosts.left(self.name)
+    }
 }
 
 impl Cluster {
@@ -438,10 +553,18 @@ impl Cluster {
             models: Models::default(),
             generation: 0,
             shape_counts: HashMap::new(),
+            hosts: Hosts::default(),
             fixed_frag: None,
             live_frag: std::sync::OnceLock::new(),
             prev_frag: None,
+            table_epoch: 0,
         }
+    }
+
+    /// Changes whenever the typical-pod table may have changed (with the dense slots'
+    /// versions, what tells whether a decision about a node is still right).
+    pub fn table_epoch(&self) -> u64 {
+        self.table_epoch
     }
 
     /// A number that changes whenever anything a decision reads changes (so a result computed
@@ -454,6 +577,7 @@ impl Cluster {
     /// the placed pods (`None`: back to the placed pods).
     pub fn set_typical_pods(&mut self, table: Option<LiveFrag>) {
         self.fixed_frag = table;
+        self.table_epoch += 1;
         self.generation += 1;
     }
 
@@ -471,39 +595,50 @@ impl Cluster {
     }
 
     fn live_table(&self) -> LiveFrag {
-        use vgpu_core::placement::frag::{typical_pods, ModelMask, PodShape};
-        let mut counts: Vec<(PodShape, u64)> = self
-            .shape_counts
-            .iter()
-            .map(|(&(gpu_milli, num_gpu), &n)| {
-                (
-                    PodShape {
-                        cpu_milli: 0,
-                        gpu_milli,
-                        num_gpu,
-                        models: ModelMask::ANY,
-                    },
-                    n,
-                )
-            })
-            .collect();
-        // Deterministic whatever the map's order.
-        counts.sort_by_key(|(s, _)| (s.gpu_milli, s.num_gpu));
-        let mut t = LiveFrag::new(&typical_pods(counts, crate::typical::TYPICAL_PCT));
+        let kinds = self.kinds();
+        let shapes = kinds.iter().map(|(k, n)| (k.shape, *n));
+        let pct = crate::typical::TYPICAL_PCT;
+        let mut t = LiveFrag::new(&typical_pods(shapes, pct)).with_host(kinds, pct);
         if let Some(old) = &self.prev_frag {
             t.reuse_gaps_from(old);
         }
         t
     }
 
-    /// (milli-GPU per GPU, GPUs) of each container: per GPU the larger of its memory and cores
-    /// shares of that card, the largest over the container's GPUs. GPUs the node does not list
-    /// are left out.
-    fn shapes_of(&self, node: &str, containers: &[ContainerAssignment]) -> Vec<(u32, u32)> {
-        let Some(e) = self.nodes.get(node) else {
+    /// The placed pods' kinds and counts, in a fixed order.
+    fn kinds(&self) -> Vec<(PodKind, u64)> {
+        let mut kinds: Vec<(PodKind, u64)> = self
+            .shape_counts
+            .iter()
+            .map(|(&(gpu_milli, num_gpu, cpu_milli, memory_mib), &n)| {
+                let shape = PodShape {
+                    cpu_milli,
+                    gpu_milli,
+                    num_gpu,
+                    models: ModelMask::ANY,
+                };
+                (PodKind { shape, memory_mib }, n)
+            })
+            .collect();
+        // Deterministic whatever the map's order.
+        kinds.sort_by_key(|(k, _)| {
+            let s = &k.shape;
+            (s.gpu_milli, s.num_gpu, s.cpu_milli, k.memory_mib)
+        });
+        kinds
+    }
+
+    /// The kind of each container: milli-GPU per GPU (per GPU the larger of its memory and
+    /// cores shares of that card, the largest over the container's GPUs), GPUs, and the pod's
+    /// CPU and memory, counted with its first vGPU container (a pod is one typical pod however
+    /// many containers it has; the simulator's pods have one). GPUs the node does not list are
+    /// left out.
+    fn shapes_of(&self, uid: &str, p: &Placed) -> Vec<Kind> {
+        let Some(e) = self.nodes.get(&p.node) else {
             return Vec::new();
         };
-        containers
+        let mut host = Some(self.hosts.request(uid).unwrap_or_default());
+        p.containers
             .iter()
             .filter_map(|c| {
                 let mut milli = 0u64;
@@ -517,12 +652,16 @@ impl Cluster {
                     milli = milli.max(mem.max(cores));
                     n += 1;
                 }
-                (n > 0).then_some((milli.clamp(1, 1000) as u32, n))
+                if n == 0 {
+                    return None;
+                }
+                let h = host.take().unwrap_or_default();
+                Some((milli.clamp(1, 1000) as u32, n, h.cpu_milli, h.mem_mib))
             })
             .collect()
     }
 
-    fn count_shapes(&mut self, shapes: &[(u32, u32)], add: bool) {
+    fn count_shapes(&mut self, shapes: &[Kind], add: bool) {
         if shapes.is_empty() {
             return;
         }
@@ -537,8 +676,17 @@ impl Cluster {
                 }
             }
         }
-        if let Some(old) = self.live_frag.take() {
-            self.prev_frag = Some(old);
+        // The table stays while the mix is close to the one it was built from: decisions
+        // computed with it (the filter's memo) stay right across binds.
+        let keep = self
+            .live_frag
+            .get()
+            .is_some_and(|t| t.mix_close(&self.kinds()));
+        if !keep {
+            if let Some(old) = self.live_frag.take() {
+                self.prev_frag = Some(old);
+            }
+            self.table_epoch += 1;
         }
         self.generation += 1;
     }
@@ -627,6 +775,7 @@ impl Cluster {
 
     /// Forgets a node (its pods stay counted, should it come back).
     pub fn delete_node(&mut self, name: &str) {
+        self.hosts.delete_node(name);
         if let Some(e) = self.nodes.get_mut(name) {
             if e.pods.is_empty() {
                 self.nodes.remove(name);
@@ -651,7 +800,7 @@ impl Cluster {
 
     fn place_entry(&mut self, uid: &str, mut p: Placed) {
         let node = p.node.clone();
-        p.shapes = self.shapes_of(&node, &p.containers);
+        p.shapes = self.shapes_of(uid, &p);
         self.count_shapes(&p.shapes, true);
         self.pods.insert(uid.to_string(), p);
         self.nodes
@@ -660,6 +809,45 @@ impl Cluster {
             .pods
             .insert(uid.to_string());
         self.rebuild(&node);
+    }
+
+    /// Sets a node's allocatable CPU and memory, from its Node object (`None`: not known).
+    pub fn apply_allocatable(&mut self, name: &str, allocatable: Option<HostLeft>) {
+        if self.hosts.set_allocatable(name, allocatable) {
+            self.sync(name);
+        }
+    }
+
+    /// Counts any pod's CPU and memory request on its node (`node`: its `spec.nodeName`): what
+    /// the `gap-aware` host terms read. Call it before [`Cluster::apply_pod`] for the same
+    /// event. A pod not bound yet that the extender assumed stays counted where it was assumed.
+    pub fn apply_pod_host(
+        &mut self,
+        uid: &str,
+        node: Option<&str>,
+        host: HostRequest,
+        terminal: bool,
+    ) {
+        let on = match node.filter(|n| !n.is_empty()) {
+            _ if terminal => None,
+            Some(n) => Some((n, host)),
+            None if self.assumed.contains_key(uid) => return,
+            None => None,
+        };
+        self.set_host(uid, on);
+    }
+
+    /// Counts a pod's host request on a node (or nowhere), re-syncing the nodes that changed.
+    fn set_host(&mut self, uid: &str, on: Option<(&str, HostRequest)>) {
+        let changed: Vec<String> = self
+            .hosts
+            .set_pod(uid, on)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        for n in changed {
+            self.sync(&n);
+        }
     }
 
     /// Adds or updates a pod from the watch: `assignment` is its decoded annotation (if any), `node`
@@ -708,6 +896,7 @@ impl Cluster {
 
     /// Forgets a deleted pod.
     pub fn delete_pod(&mut self, uid: &str) {
+        self.set_host(uid, None);
         self.assumed.remove(uid);
         self.unplace(uid);
     }
@@ -722,6 +911,13 @@ impl Cluster {
             .collect();
         for uid in gone {
             self.unplace(&uid);
+        }
+        let assumed = &self.assumed;
+        let changed = self
+            .hosts
+            .retain_pods(&|uid| seen.contains(uid) || assumed.contains_key(uid));
+        for n in changed {
+            self.sync(&n);
         }
     }
 
@@ -854,6 +1050,7 @@ impl Cluster {
         match self.check(node, pod, now) {
             Ok((containers, _)) => {
                 self.assumed.insert(uid.to_string(), at);
+                self.set_host(uid, Some((node, pod.host)));
                 self.place_entry(
                     uid,
                     Placed {
@@ -878,6 +1075,7 @@ impl Cluster {
     /// watch has already shown the annotation that was written).
     pub fn forget(&mut self, uid: &str) {
         self.assumed.remove(uid);
+        self.set_host(uid, None);
         self.unplace(uid);
     }
 
@@ -893,6 +1091,7 @@ impl Cluster {
         for uid in &old {
             tracing::warn!(%uid, "assumed pod never seen with its assignment; forgetting it");
             self.assumed.remove(uid);
+            self.set_host(uid, None);
             self.unplace(uid);
         }
         old.len()
@@ -1187,6 +1386,86 @@ mod tests {
 
     /// The typical-pod table follows the placed pods (shapes from their assignments on the
     /// node's cards), and a `fragmentation` GPU policy then picks another GPU than binpack.
+    /// `gap-aware` reads every pod's CPU and memory on its node: a node whose CPU a plain pod
+    /// has taken ranks below one with the same GPUs and CPU to spare, and the extender's own
+    /// binds count until the watch shows them.
+    #[test]
+    fn gap_aware_sees_cpu_taken_by_any_pod() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        for n in ["n1", "n2"] {
+            let gpus = [(format!("GPU-{n}a"), 10000), (format!("GPU-{n}b"), 10000)];
+            let gpus: Vec<(&str, u64)> = gpus.iter().map(|(u, m)| (u.as_str(), *m)).collect();
+            c.apply_node(n, Some(&inventory(&gpus)), Some(&hb), None);
+        }
+        let shapes = [crate::typical::TypicalShape {
+            gpus: 1,
+            percent: 50,
+            count: 10,
+            cpu: Some("4".into()),
+            memory: Some("8Gi".into()),
+        }];
+        c.set_typical_pods(Some(crate::typical::table(&shapes)));
+        let mut pod = PodRequest::simple(vec![ContainerRequest {
+            name: "main".into(),
+            request: VgpuRequest {
+                gpus: 1,
+                memory: Memory::Percent(50),
+                cores: 0,
+            },
+        }]);
+        pod.node_policy = placement::Policy::GapAware;
+        pod.gpu_policy = placement::Policy::GapAware;
+        pod.host = HostRequest {
+            cpu_milli: 4000,
+            mem_mib: 8192,
+        };
+        let rank = |c: &Cluster, n: &str| {
+            let s = c.scorer(&pod, NOW);
+            s.standing_at(n, &mut None, &mut PlaceBuf::default())
+                .map(|s| s.rank)
+                .unwrap()
+        };
+        // No allocatable known: the GPU-only measure, the two nodes alike.
+        c.apply_pod_host(
+            "plain",
+            Some("n1"),
+            HostRequest {
+                cpu_milli: 12_000,
+                mem_mib: 1024,
+            },
+            false,
+        );
+        assert_eq!(rank(&c, "n1"), rank(&c, "n2"));
+        let alloc = Some(HostLeft {
+            cpu_milli: 16_000,
+            mem_mib: 65_536,
+        });
+        let before = c.generation();
+        c.apply_allocatable("n1", alloc);
+        c.apply_allocatable("n2", alloc);
+        assert!(c.generation() > before);
+        // n1 keeps 4 cores: the pod would leave 1.5 idle GPUs with no CPU to serve them.
+        assert!(
+            rank(&c, "n1") < rank(&c, "n2"),
+            "{} {}",
+            rank(&c, "n1"),
+            rank(&c, "n2")
+        );
+        // The plain pod finishes: alike again.
+        c.apply_pod_host("plain", Some("n1"), HostRequest::default(), true);
+        assert_eq!(rank(&c, "n1"), rank(&c, "n2"));
+        // A bind counts its CPU at once, and keeps counting while the watch still shows the
+        // pod unbound.
+        c.assume("u1", "n2", &pod, NOW, Instant::now()).unwrap();
+        let left = |c: &Cluster| c.hosts.left("n2").map(|l| l.cpu_milli);
+        assert_eq!(left(&c), Some(12_000));
+        c.apply_pod_host("u1", None, pod.host, false);
+        assert_eq!(left(&c), Some(12_000));
+        c.forget("u1");
+        assert_eq!(left(&c), Some(16_000));
+    }
+
     #[test]
     fn typical_pods_come_from_placed_pods_and_steer_the_fragmentation_policy() {
         let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));

@@ -40,6 +40,8 @@ struct Slot {
     gpus_len: u32,
     state: State,
     live: bool,
+    /// Changes with every [`Dense::set`] of the slot (unique over all slots).
+    version: u64,
 }
 
 /// One node's hot view.
@@ -49,6 +51,11 @@ pub(crate) struct NodeView<'a> {
     pub state: State,
     /// Its GPUs, in inventory order.
     pub gpus: &'a [GpuHot],
+    /// Its slot.
+    pub slot: u32,
+    /// Changes whenever the node is set again: what a decision about it read is still right
+    /// while the version is the same (and nothing outside the node changed).
+    pub version: u64,
 }
 
 /// Slots of every node the cluster knows.
@@ -62,6 +69,8 @@ pub(crate) struct Dense {
     /// Bytes of `names` and records of `gpus` no live slot refers to.
     dead_names: usize,
     dead_gpus: usize,
+    /// The last version given to a slot.
+    versions: u64,
 }
 
 impl Dense {
@@ -107,6 +116,8 @@ impl Dense {
         Some(NodeView {
             state: s.state,
             gpus: self.gpus.get(at..at + s.gpus_len as usize).unwrap_or(&[]),
+            slot: idx,
+            version: s.version,
         })
     }
 
@@ -130,10 +141,12 @@ impl Dense {
         for (dst, g) in self.gpus[at..at + len].iter_mut().zip(gpus) {
             *dst = g;
         }
+        self.versions += 1;
         let s = &mut self.slots[idx as usize];
         s.gpus_at = at as u32;
         s.gpus_len = len as u32;
         s.state = state;
+        s.version = self.versions;
         self.compact_if_wasteful();
     }
 
@@ -145,6 +158,7 @@ impl Dense {
             gpus_len: 0,
             state: State::Unusable,
             live: true,
+            version: 0,
         };
         self.names.push_str(name);
         let idx = match self.free.pop() {

@@ -303,6 +303,9 @@ pub struct ContainerView<'a> {
     /// `resources`.
     #[serde(borrow, default)]
     pub resources: Option<ResourcesView<'a>>,
+    /// `restartPolicy` (init containers: `Always` makes a sidecar).
+    #[serde(borrow, default, rename = "restartPolicy")]
+    pub restart_policy: Option<Name<'a>>,
 }
 
 /// `spec` as far as the extender reads it.
@@ -314,6 +317,9 @@ pub struct SpecView<'a> {
     /// `spec.containers` (none when missing, as k8s-openapi reads it).
     #[serde(borrow, default)]
     pub containers: Vec<ContainerView<'a>>,
+    /// `spec.overhead`.
+    #[serde(borrow, default)]
+    pub overhead: Option<BTreeMap<Name<'a>, QuantityView<'a>>>,
 }
 
 /// The pod of an extender call, reading only what the decision needs (every other field is

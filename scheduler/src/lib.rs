@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cli;
 mod dense;
 pub mod extender;
+pub mod hosts;
 pub mod metrics;
 pub mod pod;
 pub mod readiness;

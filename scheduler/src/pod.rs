@@ -8,7 +8,9 @@ use vgpu_core::assignment::PodAssignment;
 use vgpu_core::placement::{ContainerRequest, PodRequest, Policy, PolicyError};
 use vgpu_core::request::{ContainerKind, ContainerResources, RequestError, RequestPolicy};
 
-use crate::extender::{ContainerView, PodView};
+use crate::extender::{ContainerView, Name, PodView};
+use vgpu_core::placement::host::HostRequest;
+use vgpu_core::quantity::parse_ceil;
 
 /// A pod whose vGPU request cannot be read.
 #[derive(Debug, Error)]
@@ -56,9 +58,13 @@ pub fn pod_request(
         )
         .collect();
     let annotations = pod.metadata.annotations.as_ref();
-    request_of(all, policy, default_node, default_gpu, |k| {
+    let req = request_of(all, policy, default_node, default_gpu, |k| {
         annotations.and_then(|a| a.get(k)).map(String::as_str)
-    })
+    })?;
+    Ok(req.map(|r| PodRequest {
+        host: host_request(pod),
+        ..r
+    }))
 }
 
 fn resources_view(c: &ContainerView<'_>, kind: ContainerKind) -> ContainerResources {
@@ -96,9 +102,13 @@ pub fn pod_request_view(
         )
         .collect();
     let annotations = pod.metadata.as_ref().and_then(|m| m.annotations.as_ref());
-    request_of(all, policy, default_node, default_gpu, |k| {
+    let req = request_of(all, policy, default_node, default_gpu, |k| {
         annotations.and_then(|a| a.get(k))
-    })
+    })?;
+    Ok(req.map(|r| PodRequest {
+        host: host_request_view(pod),
+        ..r
+    }))
 }
 
 fn request_of<'a>(
@@ -121,6 +131,108 @@ fn request_of<'a>(
         .collect();
     let req = PodRequest::from_annotations(containers, annotation, default_node, default_gpu)?;
     Ok(Some(req))
+}
+
+/// One container's CPU (milli) and memory (bytes) requests, as kube-scheduler reads them: a
+/// value it could not read counts as 0 (the API server has validated every pod it serves).
+fn cpu_mem<'q>(requests: impl Iterator<Item = (&'q str, &'q str)>) -> [u64; 2] {
+    let mut out = [0u64; 2];
+    for (name, q) in requests {
+        match name {
+            "cpu" => out[0] = parse_ceil(q, 3).unwrap_or(0),
+            "memory" => out[1] = parse_ceil(q, 0).unwrap_or(0),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A pod's CPU and memory request as kube-scheduler counts it (`k8s.io/component-helpers/
+/// resource/helpers.go` `PodRequests`): the sum over app containers and sidecars (init containers
+/// with `restartPolicy: Always`), or, when larger, the largest step of the init sequence (an init
+/// container plus the sidecars started before it), plus `spec.overhead`. Memory in MiB, rounded up.
+fn pod_host(
+    apps: impl Iterator<Item = [u64; 2]>,
+    inits: impl Iterator<Item = ([u64; 2], bool)>,
+    overhead: [u64; 2],
+) -> HostRequest {
+    let add = |a: [u64; 2], b: [u64; 2]| [a[0].saturating_add(b[0]), a[1].saturating_add(b[1])];
+    let max = |a: [u64; 2], b: [u64; 2]| [a[0].max(b[0]), a[1].max(b[1])];
+    let mut sum = apps.fold([0, 0], add);
+    let (mut sidecars, mut init) = ([0u64; 2], [0u64; 2]);
+    for (r, sidecar) in inits {
+        let step = if sidecar {
+            sum = add(sum, r);
+            sidecars = add(sidecars, r);
+            sidecars
+        } else {
+            add(r, sidecars)
+        };
+        init = max(init, step);
+    }
+    let total = add(max(sum, init), overhead);
+    HostRequest {
+        cpu_milli: total[0],
+        mem_mib: total[1].div_ceil(1 << 20),
+    }
+}
+
+/// [`pod_host`] of a Pod object.
+pub fn host_request(pod: &Pod) -> HostRequest {
+    let Some(spec) = &pod.spec else {
+        return HostRequest::default();
+    };
+    let of = |c: &Container| {
+        cpu_mem(
+            c.resources
+                .iter()
+                .flat_map(|r| r.requests.iter().flatten())
+                .map(|(k, v)| (k.as_str(), v.0.as_str())),
+        )
+    };
+    let overhead = cpu_mem(
+        spec.overhead
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.0.as_str())),
+    );
+    pod_host(
+        spec.containers.iter().map(of),
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|c| (of(c), c.restart_policy.as_deref() == Some("Always"))),
+        overhead,
+    )
+}
+
+/// [`host_request`] of the pruned read of an extender call.
+pub fn host_request_view(pod: &PodView<'_>) -> HostRequest {
+    let Some(spec) = &pod.spec else {
+        return HostRequest::default();
+    };
+    let of = |c: &ContainerView<'_>| {
+        cpu_mem(
+            c.resources
+                .iter()
+                .flat_map(|r| r.requests.iter().flatten())
+                .map(|(k, v)| (k.as_str(), v.0.as_ref())),
+        )
+    };
+    let overhead = cpu_mem(
+        spec.overhead
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.0.as_ref())),
+    );
+    pod_host(
+        spec.containers.iter().map(of),
+        spec.init_containers.iter().flatten().map(|c| {
+            let sidecar = c.restart_policy.as_ref().map(Name::as_str) == Some("Always");
+            (of(c), sidecar)
+        }),
+        overhead,
+    )
 }
 
 /// `namespace/name`, for logs and messages.
@@ -239,5 +351,49 @@ mod tests {
         assert!(is_terminal(&pod(json!({"status": {"phase": "Failed"}}))));
         assert!(!is_terminal(&pod(json!({"status": {"phase": "Running"}}))));
         assert!(!is_terminal(&pod(json!({}))));
+    }
+
+    /// kube-scheduler's pod request: app containers and sidecars summed, the largest init step
+    /// if larger, plus overhead; memory rounded up to MiB; the extender's pruned read agrees.
+    #[test]
+    fn host_request_counts_as_kube_scheduler() {
+        let v = json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "resources": {"requests": {"cpu": "6", "memory": "1Gi"}}},
+                    {"name": "mesh", "restartPolicy": "Always",
+                        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}},
+                    {"name": "late", "resources": {"requests": {"cpu": "5800m"}}}
+                ],
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1000000"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "250m", "memory": "2Gi"}}},
+                    {"name": "c"}
+                ],
+                "overhead": {"cpu": "100m", "memory": "64Mi"}
+            }
+        });
+        // Apps + sidecar: 1.75 CPU; init steps: setup 6, late 5.8 + 0.5 sidecar = 6.3 CPU.
+        // Memory: apps 2 GiB + 1000000 B + 512 MiB sidecar > the init steps.
+        let want = HostRequest {
+            cpu_milli: 6300 + 100,
+            mem_mib: (2048 + 512 + 1 + 64) as u64,
+        };
+        assert_eq!(host_request(&pod(v.clone())), want);
+        let text = v.to_string();
+        let view: PodView<'_> = serde_json::from_str(&text).unwrap();
+        assert_eq!(host_request_view(&view), want);
+        // Nothing asked, nothing counted; unreadable values count as 0.
+        assert_eq!(host_request(&pod(json!({}))), HostRequest::default());
+        let odd = pod(json!({"spec": {"containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "lots", "memory": "1Mi"}}}]}}));
+        assert_eq!(
+            host_request(&odd),
+            HostRequest {
+                cpu_milli: 0,
+                mem_mib: 1
+            }
+        );
     }
 }

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vgpu_core::annotations::ASSIGNMENT;
 use vgpu_core::exposition;
 use vgpu_core::placement::frag::LiveFrag;
-use vgpu_core::placement::{PlaceBuf, PodRequest, Policy};
+use vgpu_core::placement::{PlaceBuf, PodRequest, Policy, Standing};
 use vgpu_core::request::RequestPolicy;
 
-use crate::cache::{Cluster, FailMemo};
+use crate::cache::{Cluster, FailMemo, StandingMemo};
 use crate::extender::{
     node_name, push_json_str, push_u32, ArgsView, ExtenderArgs, ExtenderBindingArgs,
     ExtenderBindingResult, ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList,
@@ -70,12 +70,13 @@ impl Default for Settings {
     }
 }
 
-/// Keeps only the best of the passing nodes: the highest score, ties to the smallest name (the
-/// simulator's and the published FGD simulator's rule; kube-scheduler's own tie-break is random,
-/// which spreads pods that a packing policy scores alike).
-fn keep_best(passed: &mut Vec<&str>, scores: &mut Vec<u32>) {
+/// Keeps only the best of the passing nodes: the highest rank (`gap-aware`'s unclamped step,
+/// else the score), ties to the smallest name (the simulator's and the published FGD
+/// simulator's rule; kube-scheduler's own tie-break is random, which spreads pods that a packing
+/// policy scores alike).
+fn keep_best(passed: &mut Vec<&str>, scores: &mut Vec<u32>, ranks: &[i64]) {
     let best = (0..passed.len()).reduce(|b, i| {
-        if scores[i] > scores[b] || (scores[i] == scores[b] && passed[i] < passed[b]) {
+        if ranks[i] > ranks[b] || (ranks[i] == ranks[b] && passed[i] < passed[b]) {
             i
         } else {
             b
@@ -161,6 +162,8 @@ pub struct AppState {
     scores: Mutex<HashMap<String, Memo>>,
     /// Dense slots of the last filter's names, by position: tried first by the next filter.
     slot_hints: Mutex<Vec<Option<u32>>>,
+    /// Standings of recent pods under the table policies ([`StandingMemo`]).
+    standings: Mutex<StandingMemo>,
 }
 
 /// Now, in Unix seconds.
@@ -204,6 +207,7 @@ impl AppState {
             readiness: Readiness::default(),
             scores: Mutex::new(HashMap::new()),
             slot_hints: Mutex::new(Vec::new()),
+            standings: Mutex::new(StandingMemo::default()),
         }
     }
 
@@ -237,7 +241,7 @@ impl AppState {
         req: &PodRequest,
         names: &[&'n str],
         now: u64,
-        mut pass: impl FnMut(&'n str, u32),
+        mut pass: impl FnMut(&'n str, Standing),
         mut fail: impl FnMut(&'n str, &str),
     ) -> u64 {
         let mut hints = std::mem::take(&mut *lock(&self.slot_hints));
@@ -247,9 +251,17 @@ impl AppState {
         let mut buf = PlaceBuf::default();
         let mut msg = String::new();
         let mut memo = FailMemo::default();
+        let mut standings = scorer.reads_table().then(|| lock(&self.standings));
+        let mut slots = standings
+            .as_mut()
+            .map(|m| m.slots(req, cluster.table_epoch()));
         for (&n, hint) in names.iter().zip(hints.iter_mut()) {
-            match scorer.score_at(n, hint, &mut buf) {
-                Ok(score) => pass(n, score),
+            let got = match slots.as_mut() {
+                Some(slots) => scorer.standing_memo(n, hint, &mut buf, slots),
+                None => scorer.standing_at(n, hint, &mut buf),
+            };
+            match got {
+                Ok(standing) => pass(n, standing),
                 Err(f) => {
                     msg.clear();
                     scorer.write_fail_memo(&mut msg, n, &f, &mut memo);
@@ -349,18 +361,20 @@ impl AppState {
         };
         let mut passed: Vec<&str> = Vec::with_capacity(names.len());
         let mut scores: Vec<u32> = Vec::with_capacity(names.len());
+        let mut ranks: Vec<i64> = Vec::with_capacity(names.len());
         let generation = self.scan(
             &req,
             &names,
             now,
-            |n, score| {
+            |n, s| {
                 passed.push(n);
-                scores.push(score);
+                scores.push(s.score);
+                ranks.push(s.rank);
             },
             |n, why| result.failed_nodes.insert(n.to_string(), why.to_string()),
         );
         if self.settings.choose_node {
-            keep_best(&mut passed, &mut scores);
+            keep_best(&mut passed, &mut scores, &ranks);
         }
         if let Some(list) = &args.nodes {
             // `passed` is in list order (the best node alone when choosing).
@@ -438,18 +452,20 @@ impl AppState {
             Ok(Some(req)) => {
                 let mut passed: Vec<&str> = Vec::with_capacity(names.len());
                 let mut scores: Vec<u32> = Vec::with_capacity(names.len());
+                let mut ranks: Vec<i64> = Vec::with_capacity(names.len());
                 let generation = self.scan(
                     &req,
                     &names,
                     now,
-                    |n, score| {
+                    |n, s| {
                         passed.push(n);
-                        scores.push(score);
+                        scores.push(s.score);
+                        ranks.push(s.rank);
                     },
                     &mut fail,
                 );
                 if self.settings.choose_node {
-                    keep_best(&mut passed, &mut scores);
+                    keep_best(&mut passed, &mut scores, &ranks);
                 }
                 passed.iter().for_each(|n| passing(&mut out, n));
                 if let Some(uid) = pod.uid() {

@@ -8,19 +8,24 @@
 //! [{"gpus": 1, "percent": 50, "count": 80}, {"gpus": 2, "percent": 100, "count": 20}]
 //! ```
 //!
-//! `percent` is the share of each GPU a pod takes: the larger of its memory and cores shares. The
-//! table is built as FGD builds it: the most frequent shapes until they cover 95 % of the count.
+//! `percent` is the share of each GPU a pod takes: the larger of its memory and cores shares.
+//! Optional `cpu` and `memory` (Kubernetes quantities, the pod's requests, e.g. `"4"`, `"16Gi"`)
+//! give the `gap-aware` policy's host terms what these pods ask of a node besides GPUs; without
+//! them the shape asks nothing. The table is built as FGD builds it: the most frequent shapes
+//! until they cover 95 % of the count.
 
 use serde::Deserialize;
 use std::path::Path;
 use thiserror::Error;
 use vgpu_core::placement::frag::{typical_pods, LiveFrag, ModelMask, PodShape};
+use vgpu_core::placement::host::PodKind;
+use vgpu_core::quantity::parse_ceil;
 
 /// Coverage of the typical-pod table, percent of the count (FGD's popularity threshold).
 pub const TYPICAL_PCT: f64 = 95.0;
 
 /// One shape of the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypicalShape {
     /// GPUs per pod, at least 1.
@@ -29,6 +34,12 @@ pub struct TypicalShape {
     pub percent: u32,
     /// How many pods of this shape, relative to the others, at least 1.
     pub count: u64,
+    /// The pod's CPU request, a Kubernetes quantity.
+    #[serde(default)]
+    pub cpu: Option<String>,
+    /// The pod's memory request, a Kubernetes quantity.
+    #[serde(default)]
+    pub memory: Option<String>,
 }
 
 /// Why a typical-pod file cannot be used.
@@ -66,6 +77,21 @@ pub enum TypicalError {
         /// The allowed range.
         range: &'static str,
     },
+    /// A request is not a Kubernetes quantity.
+    #[error("{path}: entry {index}: {field} {value:?}: {source}")]
+    Quantity {
+        /// The file.
+        path: String,
+        /// Position in the list, from 0.
+        index: usize,
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why.
+        #[source]
+        source: vgpu_core::quantity::QuantityError,
+    },
     /// The list is empty.
     #[error("{path}: the list has no pod shape")]
     Empty {
@@ -74,22 +100,41 @@ pub enum TypicalError {
     },
 }
 
-/// The table for these shapes.
-pub fn table(shapes: &[TypicalShape]) -> LiveFrag {
-    LiveFrag::new(&typical_pods(
-        shapes.iter().map(|s| {
-            (
-                PodShape {
-                    cpu_milli: 0,
-                    gpu_milli: s.percent * 10,
-                    num_gpu: s.gpus,
-                    models: ModelMask::ANY,
-                },
-                s.count,
-            )
+/// A shape's (milli-CPU, MiB) requests (0 when not given).
+fn requests(path: &str, index: usize, s: &TypicalShape) -> Result<(u64, u64), TypicalError> {
+    let read = |field: &'static str, value: &Option<String>, scale| match value {
+        None => Ok(0),
+        Some(v) => parse_ceil(v, scale).map_err(|source| TypicalError::Quantity {
+            path: path.to_string(),
+            index,
+            field,
+            value: v.clone(),
+            source,
         }),
-        TYPICAL_PCT,
-    ))
+    };
+    let cpu = read("cpu", &s.cpu, 3)?;
+    let bytes = read("memory", &s.memory, 0)?;
+    Ok((cpu, bytes.div_ceil(1 << 20)))
+}
+
+/// The table for these shapes (requests already checked, as [`parse`] does).
+pub fn table(shapes: &[TypicalShape]) -> LiveFrag {
+    let kinds: Vec<(PodKind, u64)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (cpu_milli, memory_mib) = requests("", i, s).unwrap_or_default();
+            let shape = PodShape {
+                cpu_milli,
+                gpu_milli: s.percent * 10,
+                num_gpu: s.gpus,
+                models: ModelMask::ANY,
+            };
+            (PodKind { shape, memory_mib }, s.count)
+        })
+        .collect();
+    let shapes = kinds.iter().map(|(k, n)| (k.shape, *n));
+    LiveFrag::new(&typical_pods(shapes, TYPICAL_PCT)).with_host(kinds, TYPICAL_PCT)
 }
 
 /// Reads and checks a typical-pod file.
@@ -131,6 +176,7 @@ pub fn parse(path: &str, text: &[u8]) -> Result<LiveFrag, TypicalError> {
         if s.count == 0 {
             return Err(bad("count", s.count, "1 or more"));
         }
+        requests(path, index, s)?;
     }
     Ok(table(&shapes))
 }
@@ -157,6 +203,29 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "t.json: entry 1: percent 0 is out of range 1-100"
+        );
+        // Requests: optional quantities, named when wrong.
+        let t = parse(
+            "t.json",
+            br#"[{"gpus": 1, "percent": 50, "count": 8, "cpu": "4", "memory": "16Gi"}]"#,
+        )
+        .unwrap();
+        let left = |cpu_milli| {
+            Some(vgpu_core::placement::host::HostLeft {
+                cpu_milli,
+                mem_mib: 1 << 20,
+            })
+        };
+        // A half-free GPU beside one free core cannot take the 4-core pods the file describes.
+        assert!(t.gap_measure(&[500], left(1000)) > t.gap_measure(&[500], left(64_000)));
+        let e = parse(
+            "t.json",
+            br#"[{"gpus": 1, "percent": 50, "count": 8, "cpu": "four"}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.json: entry 0: cpu \"four\": \"four\" is not a Kubernetes quantity"
         );
         let e = parse("t.json", br#"[{"gpus": 1, "percent": 5, "cnt": 1}]"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `cnt`"), "{e}");

@@ -1,6 +1,7 @@
-//! Watches that feed the cache: node metadata (the inventory, heartbeat and GPU cordon
-//! annotations live there, so the lighter metadata watch suffices) and the vGPU pods, selected by the label the
-//! mutating webhook stamps on them.
+//! Watches that feed the cache: nodes (the inventory, heartbeat and GPU cordon annotations, and
+//! `status.allocatable`) and every pod (vGPU pods' assignments; every pod's CPU and memory
+//! request on its node, for the `gap-aware` host terms, as kube-scheduler's own cache counts
+//! them). Objects are read and dropped: the cache keeps only what decisions need.
 //!
 //! kube-runtime's watcher lists, then watches from the list's resourceVersion, re-lists on 410
 //! Gone, and backs off on errors. A re-list arrives as `Init`, `InitApply`..., `InitDone`; objects
@@ -10,14 +11,16 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vgpu_core::annotations::{DEVICE_CORDON, MANAGED_SELECTOR, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::annotations::{DEVICE_CORDON, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::placement::host::HostLeft;
+use vgpu_core::quantity::parse_ceil;
 
 use crate::pod;
 use crate::readiness::Feed;
@@ -67,27 +70,42 @@ fn write(s: &AppState) -> std::sync::RwLockWriteGuard<'_, crate::cache::Cluster>
     s.cluster.write().unwrap_or_else(|e| e.into_inner())
 }
 
-fn apply_node(s: &AppState, meta: &kube::api::ObjectMeta) -> Option<String> {
+/// A Node's `status.allocatable` CPU (milli, rounded up as `MilliValue`) and memory (MiB, rounded
+/// down), as `NodeInfo.SetNode` reads it; `None` without both.
+pub fn allocatable(node: &Node) -> Option<HostLeft> {
+    let a = node.status.as_ref()?.allocatable.as_ref()?;
+    let cpu = parse_ceil(&a.get("cpu")?.0, 3).ok()?;
+    let mem = parse_ceil(&a.get("memory")?.0, 0).ok()?;
+    Some(HostLeft {
+        cpu_milli: cpu,
+        mem_mib: mem >> 20,
+    })
+}
+
+fn apply_node(s: &AppState, node: &Node) -> Option<String> {
+    let meta = &node.metadata;
     let name = meta.name.clone()?;
     let ann = meta.annotations.as_ref();
     let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
-    write(s).apply_node(
+    let mut cluster = write(s);
+    cluster.apply_node(
         &name,
         get(NODE_DEVICES),
         get(NODE_HEARTBEAT),
         get(DEVICE_CORDON),
     );
+    cluster.apply_allocatable(&name, allocatable(node));
     Some(name)
 }
 
 /// Runs the node watch forever.
 pub async fn nodes(client: kube::Client, state: Arc<AppState>) {
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let api: Api<Node> = Api::all(client);
     restarting(|| watch_nodes(&api, &state)).await
 }
 
 /// One node watcher from a fresh LIST until it fails after the LIST was complete.
-async fn watch_nodes(api: &Api<PartialObjectMeta<Node>>, state: &AppState) {
+async fn watch_nodes(api: &Api<Node>, state: &AppState) {
     let stream = watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
     let mut seen = HashSet::new();
@@ -96,7 +114,7 @@ async fn watch_nodes(api: &Api<PartialObjectMeta<Node>>, state: &AppState) {
         match ev {
             Ok(Event::Init) => seen.clear(),
             Ok(Event::InitApply(n)) => {
-                seen.extend(apply_node(state, &n.metadata));
+                seen.extend(apply_node(state, &n));
             }
             Ok(Event::InitDone) => {
                 write(state).retain_nodes(&seen);
@@ -105,7 +123,7 @@ async fn watch_nodes(api: &Api<PartialObjectMeta<Node>>, state: &AppState) {
                 tracing::info!(nodes = seen.len(), "node list synced");
             }
             Ok(Event::Apply(n)) => {
-                apply_node(state, &n.metadata);
+                apply_node(state, &n);
             }
             Ok(Event::Delete(n)) => {
                 if let Some(name) = &n.metadata.name {
@@ -132,20 +150,22 @@ fn apply_pod(s: &AppState, p: &Pod) -> Option<String> {
         None => None,
     };
     let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    write(s).apply_pod(&uid, node, assignment, pod::is_terminal(p));
+    let terminal = pod::is_terminal(p);
+    let mut cluster = write(s);
+    cluster.apply_pod_host(&uid, node, pod::host_request(p), terminal);
+    cluster.apply_pod(&uid, node, assignment, terminal);
     Some(uid)
 }
 
-/// Runs the vGPU pod watch forever.
+/// Runs the pod watch forever.
 pub async fn pods(client: kube::Client, state: Arc<AppState>) {
     let api: Api<Pod> = Api::all(client);
     restarting(|| watch_pods(&api, &state)).await
 }
 
-/// One vGPU pod watcher from a fresh LIST until it fails after the LIST was complete.
+/// One pod watcher from a fresh LIST until it fails after the LIST was complete.
 async fn watch_pods(api: &Api<Pod>, state: &AppState) {
-    let cfg = watcher::Config::default().labels(MANAGED_SELECTOR);
-    let stream = watcher::watcher(api.clone(), cfg).default_backoff();
+    let stream = watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
     let mut seen = HashSet::new();
     let mut complete = false;
@@ -159,7 +179,7 @@ async fn watch_pods(api: &Api<Pod>, state: &AppState) {
                 write(state).retain_pods(&seen);
                 state.readiness.listed(Feed::Pods);
                 complete = true;
-                tracing::info!(pods = seen.len(), "vGPU pod list synced");
+                tracing::info!(pods = seen.len(), "pod list synced");
             }
             Ok(Event::Apply(p)) => {
                 apply_pod(state, &p);

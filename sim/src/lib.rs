@@ -9,7 +9,6 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod fillers;
 pub mod ours;
 pub mod policy;
 pub mod report;

@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use vgpu_core::placement::frag::{fgd_score, FragTable, LiveFrag, NodeView, MILLI};
+use vgpu_core::placement::host::{HostLeft, HostRequest};
 
 use crate::trace::MAX_GPUS;
 use crate::workload::{PodClass, Trace};
@@ -42,8 +43,10 @@ pub enum Policy {
     /// and memory to kube-scheduler), node scores on kube-scheduler's 0..=10.
     FgdLive,
     /// What the live extender's `gap-aware` policy computes, through the same code
-    /// ([`LiveFrag::gap_measure`]): `ours` without its CPU and memory terms, fragmentation
-    /// without CPU or model lists, node scores clamped to 0..=10.
+    /// ([`LiveFrag::gap_measure`]): `ours`' measure with the node's CPU and memory left, without
+    /// model lists, prices solved over at most 24 share sizes; nodes ranked by the unclamped step
+    /// with `--ties name` (the extender choosing the node, `--choose-node`), by the 0..=10 node
+    /// score with `--ties random` (kube-scheduler choosing among the extender's scores).
     OursLive,
 }
 
@@ -159,6 +162,16 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// CPU and memory left, as the extender's host cache knows them.
+    pub fn host_left(&self) -> HostLeft {
+        HostLeft {
+            cpu_milli: self.cpu_left,
+            mem_mib: self.mem_left,
+        }
+    }
+}
+
+impl NodeState {
     /// Free milli-GPU per GPU.
     pub fn gpus(&self) -> &[u32] {
         &self.gpu_left[..self.ngpu]
@@ -247,12 +260,14 @@ pub enum GpuPick {
     Random,
 }
 
-/// Score of a node, `None` if the pod does not fit.
+/// Score of a node, `None` if the pod does not fit. `choose_node`: the extender ranks nodes
+/// itself (the live policies then rank by what the extender orders by).
 pub fn score(
     policy: Policy,
     node: &NodeState,
     c: &PodClass,
     trace: &Trace,
+    choose_node: bool,
 ) -> Option<(i64, GpuPick)> {
     let table = &trace.table;
     if !node.fits(c) {
@@ -295,7 +310,7 @@ pub fn score(
         Policy::Fgd => fgd(node, c, table),
         Policy::Ours => trace.ours.score(node, c),
         Policy::FgdLive => fgd_live(node, c, &trace.live),
-        Policy::OursLive => ours_live(node, c, &trace.live),
+        Policy::OursLive => ours_live(node, c, &trace.live, choose_node),
     })
 }
 
@@ -415,17 +430,28 @@ fn fgd_live(node: &NodeState, c: &PodClass, live: &LiveFrag) -> (i64, GpuPick) {
     }
 }
 
-/// The live `gap-aware` policy on simulator nodes: the same measure, steps and 0..=10 node score
-/// as [`vgpu_core::placement`] computes over a node's GPUs (`node.frag` holds the measure). A
-/// share pod takes the GPU with the best step, lowest index first; other pods take whole GPUs
-/// lowest index first.
-fn ours_live(node: &NodeState, c: &PodClass, live: &LiveFrag) -> (i64, GpuPick) {
+/// The live `gap-aware` policy on simulator nodes: the same measure, steps and node score
+/// as [`vgpu_core::placement`] computes over a node's GPUs, CPU and memory (`node.frag` holds the
+/// measure). A share pod takes the GPU with the best step, lowest index first; other pods take
+/// whole GPUs lowest index first. With `choose_node` the node's rank is the step itself (as the
+/// extender's `Standing::rank`), else the 0..=10 score.
+fn ours_live(node: &NodeState, c: &PodClass, live: &LiveFrag, choose_node: bool) -> (i64, GpuPick) {
     let before = node.gpus();
+    let host_after = node.host_left().after(HostRequest {
+        cpu_milli: c.shape.cpu_milli,
+        mem_mib: c.memory_mib,
+    });
     let step = |gpu: Option<usize>| {
         let (after, _) = node.after(c, gpu);
-        live.gap_step(node.frag, before, &after[..node.ngpu])
+        live.gap_step(node.frag, before, &after[..node.ngpu], Some(host_after))
     };
-    let score = |step: i64| i64::from(LiveFrag::gap_score_of_step(step));
+    let score = |step: i64| {
+        if choose_node {
+            step
+        } else {
+            i64::from(LiveFrag::gap_score_of_step(step))
+        }
+    };
     if !c.shape.is_share() {
         return (score(step(None)), GpuPick::None);
     }

@@ -117,7 +117,7 @@ pub fn simulate_with(
     let frag_of = |st: &NodeState| match policy {
         Policy::Ours => trace.ours.measure(st.view(), st.mem_left),
         Policy::FgdLive => trace.live.fragmentation(st.gpus()),
-        Policy::OursLive => trace.live.gap_measure(st.gpus()),
+        Policy::OursLive => trace.live.gap_measure(st.gpus(), Some(st.host_left())),
         _ => table.fragmentation(st.view()),
     };
     let mut nodes: Vec<NodeState> = cluster
@@ -184,7 +184,7 @@ pub fn simulate_with(
         for (i, node) in nodes.iter().enumerate() {
             let e = &mut row[i];
             if e.version != node.version || !score_cache {
-                match score(policy, node, c, trace) {
+                match score(policy, node, c, trace, opts.ties == Ties::Name) {
                     Some((s, p)) => {
                         *e = Cached {
                             version: node.version,

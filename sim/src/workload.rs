@@ -65,14 +65,9 @@ impl Cluster {
     }
 }
 
-/// A distinct pod request (all pods of a class score alike, so scores are cached per class).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PodClass {
-    /// Fragmentation-relevant shape.
-    pub shape: PodShape,
-    /// Memory request, MiB (must fit, but plays no part in fragmentation).
-    pub memory_mib: u64,
-}
+/// A distinct pod request (all pods of a class score alike, so scores are cached per class):
+/// its shape and memory request, MiB (memory must fit but plays no part in fragmentation).
+pub use vgpu_core::placement::host::PodKind as PodClass;
 
 /// A pod list turned into classes, with its typical pods.
 #[derive(Clone, Debug)]
@@ -89,7 +84,8 @@ pub struct Trace {
     pub table: FragTable,
     /// Model of `ours`.
     pub ours: crate::ours::Ours,
-    /// The live extender's table for `ours-live`: the same typical pods, GPU shape only.
+    /// The live extender's table for `fgd-live` and `ours-live`: the same typical pods (GPU
+    /// shape only) and the host terms of the trace's pod kinds without model lists.
     pub live: vgpu_core::placement::frag::LiveFrag,
 }
 
@@ -129,8 +125,16 @@ impl Trace {
             TYPICAL_POPULARITY_PCT,
         );
         let table = FragTable::new(&typical);
-        let ours = crate::ours::Ours::new(table.clone(), &shape_counts, &class_counts);
-        let live = vgpu_core::placement::frag::LiveFrag::new(&typical);
+        let ours = crate::ours::Ours::new(&class_counts);
+        // What the extender learns from the pods it watches: shapes and CPU and memory requests,
+        // no model lists.
+        let any_model = crate::ours::sorted_kinds(class_counts.iter().map(|(c, &n)| {
+            let mut c = *c;
+            c.shape.models = ModelMask::ANY;
+            (c, n)
+        }));
+        let live = vgpu_core::placement::frag::LiveFrag::new(&typical)
+            .with_host(any_model, TYPICAL_POPULARITY_PCT);
         Ok(Trace {
             name: name.to_string(),
             classes,

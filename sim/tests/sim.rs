@@ -223,16 +223,45 @@ fn allocation_is_recorded_at_every_percent_of_arrival() {
 fn live_policies_score_as_the_extender() {
     use vgpu_core::assignment::DeviceSlice;
     use vgpu_core::inventory::DeviceInfo;
-    use vgpu_core::placement::{place_scored_with, Gpu, NodeGpus, PodRequest};
+    use vgpu_core::placement::host::{HostLeft, HostRequest};
+    use vgpu_core::placement::{
+        place_scored_with, standing_buf, Gpu, GpuFilter, GpuHot, GpuSet, NodeGpus, PlaceBuf,
+        PodRequest,
+    };
     use vgpu_core::request::{Memory, VgpuRequest};
     use vgpu_sim::policy::{score, GpuPick, NodeState};
     use vgpu_sim::rng::Rng;
+
+    /// The node as the extender's cache holds it: its GPUs and what its CPU and memory leave.
+    struct Live<'a>(&'a NodeGpus, HostLeft);
+    impl GpuSet for Live<'_> {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn hot(&self, i: usize) -> GpuHot {
+            self.0.hot(i)
+        }
+        fn uuid(&self, i: usize) -> &str {
+            self.0.uuid(i)
+        }
+        fn model(&self, i: usize) -> &str {
+            self.0.model(i)
+        }
+        fn type_ok(&self, i: usize, filter: &GpuFilter) -> bool {
+            self.0.type_ok(i, filter)
+        }
+        fn host_left(&self) -> Option<HostLeft> {
+            Some(self.1)
+        }
+    }
 
     let nodes = [node("n0", 8, 1 << 30, "A")];
     let sizes = [100, 160, 250, 300, 470, 500, 600, 810];
     let mut pods: Vec<PodRow> = sizes.iter().map(|&m| pod(1000, 1, m)).collect();
     pods.extend([pod(1000, 1, 1000), pod(1000, 2, 1000), pod(1000, 0, 0)]);
     pods.extend([pod(1000, 1, 470), pod(1000, 1, 810), pod(1000, 1, 810)]);
+    // CPU-heavy pods of the same sizes: the host terms tell nodes apart by CPU.
+    pods.extend([pod(8000, 1, 470), pod(16000, 1, 250), pod(4000, 2, 1000)]);
     let mut cluster = Cluster::new(&nodes).unwrap();
     let trace = Trace::new("live", &pods, &mut cluster).unwrap();
     let mut rng = Rng::new(5);
@@ -243,6 +272,10 @@ fn live_policies_score_as_the_extender() {
         for g in gpu_left.iter_mut().take(ngpu) {
             *g = [0, 1000, 1000, 190, 530, 400, 500, 840, 60][rng.below(9) as usize];
         }
+        let host = HostLeft {
+            cpu_milli: [1000, 4000, 9000, 20_000, 1 << 30][rng.below(5) as usize],
+            mem_mib: [1024, 4096, 1 << 30][rng.below(3) as usize],
+        };
         let devs: Vec<Gpu> = (0..ngpu)
             .map(|i| {
                 Gpu::from_device(&DeviceInfo {
@@ -259,11 +292,11 @@ fn live_policies_score_as_the_extender() {
                 })
             })
             .collect();
-        let mut live_node = NodeGpus::new(devs);
+        let mut gpus = NodeGpus::new(devs);
         for (i, &left) in gpu_left.iter().take(ngpu).enumerate() {
             let used = 1000 - left;
             if used > 0 {
-                live_node.add(&DeviceSlice {
+                gpus.add(&DeviceSlice {
                     uuid: format!("GPU-{i}"),
                     memory_mib: u64::from(used),
                     cores: used / 10,
@@ -271,13 +304,14 @@ fn live_policies_score_as_the_extender() {
                 });
             }
         }
+        let live_node = Live(&gpus, host);
         for (policy, live_policy) in [
             (Policy::FgdLive, vgpu_core::placement::Policy::Fragmentation),
             (Policy::OursLive, vgpu_core::placement::Policy::GapAware),
         ] {
             let mut st = NodeState {
-                cpu_left: 1 << 30,
-                mem_left: 1 << 30,
+                cpu_left: host.cpu_milli,
+                mem_left: host.mem_mib,
                 gpu_left,
                 ngpu,
                 model: 0,
@@ -287,14 +321,13 @@ fn live_policies_score_as_the_extender() {
             };
             st.frag = match policy {
                 Policy::FgdLive => trace.live.fragmentation(st.gpus()),
-                _ => trace.live.gap_measure(st.gpus()),
+                _ => trace.live.gap_measure(st.gpus(), Some(host)),
             };
             for c in &trace.classes {
                 let s = c.shape;
                 if s.num_gpu == 0 {
                     continue;
                 }
-                let sim = score(policy, &st, c, &trace);
                 let mut req = PodRequest::simple(vec![vgpu_core::placement::ContainerRequest {
                     name: "main".into(),
                     request: VgpuRequest {
@@ -305,25 +338,43 @@ fn live_policies_score_as_the_extender() {
                 }]);
                 req.node_policy = live_policy;
                 req.gpu_policy = live_policy;
-                let live = place_scored_with(&live_node, &req, Some(&trace.live)).ok();
-                let (sim_fits, live_fits) = (sim.is_some(), live.is_some());
-                let (Some((sim_score, pick)), Some((assigned, live_score))) = (sim, live) else {
-                    assert!(!sim_fits && !live_fits, "{policy} {s:?} {gpu_left:?}");
-                    continue;
+                req.host = HostRequest {
+                    cpu_milli: s.cpu_milli,
+                    mem_mib: c.memory_mib,
                 };
-                assert_eq!(
-                    sim_score,
-                    i64::from(live_score),
-                    "{policy} {s:?} {gpu_left:?}"
-                );
-                if let GpuPick::Index(i) = pick {
-                    assert_eq!(
-                        assigned[0].devices[0].uuid,
-                        format!("GPU-{i}"),
-                        "{policy} {s:?} {gpu_left:?}"
-                    );
+                // The simulator checks CPU and memory itself; the extender leaves them to
+                // kube-scheduler's NodeResourcesFit, so compare where they fit.
+                if host.cpu_milli < s.cpu_milli || host.mem_mib < c.memory_mib {
+                    continue;
                 }
-                compared += 1;
+                let table = Some(&trace.live);
+                let live = place_scored_with(&live_node, &req, table).ok();
+                let standing = standing_buf(&live_node, &req, &mut PlaceBuf::default(), table);
+                // kube-scheduler's score (0..=10) without --choose-node, the rank with it.
+                for choose_node in [false, true] {
+                    let sim = score(policy, &st, c, &trace, choose_node);
+                    let (sim_fits, live_fits) = (sim.is_some(), live.is_some());
+                    let (Some((sim_score, pick)), Some((assigned, _)), Ok(st)) =
+                        (sim, live.as_ref(), standing)
+                    else {
+                        assert!(!sim_fits && !live_fits, "{policy} {s:?} {gpu_left:?}");
+                        continue;
+                    };
+                    let want = if choose_node {
+                        st.rank
+                    } else {
+                        i64::from(st.score)
+                    };
+                    assert_eq!(sim_score, want, "{policy} {s:?} {gpu_left:?} {host:?}");
+                    if let GpuPick::Index(i) = pick {
+                        assert_eq!(
+                            assigned[0].devices[0].uuid,
+                            format!("GPU-{i}"),
+                            "{policy} {s:?} {gpu_left:?}"
+                        );
+                    }
+                    compared += 1;
+                }
             }
         }
     }

@@ -18,6 +18,7 @@ use std::cmp::Ordering;
 use std::sync::OnceLock;
 
 use super::gaps::{bucket, gap_prices_within, GapPrices, LIVE_MAX_SIZES, WASTE_WEIGHT};
+use super::host::{HostLeft, HostRequest, HostTerms, PodKind};
 use super::{permille, GpuHot, Scratch};
 use crate::request::VgpuRequest;
 
@@ -331,6 +332,8 @@ pub struct LiveFrag {
     /// (at most [`LIVE_MAX_SIZES`] sizes, under 1 ms; tables that only `fragmentation`
     /// reads never pay it), with the share weights they were solved for.
     gaps: OnceLock<(Vec<(u32, f64)>, GapPrices)>,
+    /// The `gap-aware` measure's CPU and memory terms, with the pod kinds they were built from.
+    host: Option<(Vec<(PodKind, u64)>, HostTerms)>,
 }
 
 /// Tables are equal when their typical pods are. The prices are left out: they follow from the
@@ -338,7 +341,9 @@ pub struct LiveFrag {
 /// ([`LiveFrag::reuse_gaps_from`]).
 impl PartialEq for LiveFrag {
     fn eq(&self, other: &LiveFrag) -> bool {
-        self.groups == other.groups && self.cpu_only == other.cpu_only
+        self.groups == other.groups
+            && self.cpu_only == other.cpu_only
+            && self.host.as_ref().map(|h| &h.0) == other.host.as_ref().map(|h| &h.0)
     }
 }
 
@@ -349,6 +354,10 @@ const GAP_WEIGHT_PODS: f64 = 1e6;
 
 /// How far (as a ratio) a share size's weight may move before the prices are solved again.
 pub const GAP_REUSE_RATIO: f64 = 1.25;
+
+/// The most pod kinds (shape, CPU, memory) the live table's host terms keep: the Alibaba pod
+/// lists have at most 151.
+pub const MAX_HOST_KINDS: usize = 256;
 
 /// Node scores run 0..=10 ([`super::MAX_SCORE`]); a fragmentation change of this many
 /// milli-GPU moves the score from 5 to about 7.3.
@@ -376,6 +385,43 @@ impl LiveFrag {
         }
         t.groups.sort_by_key(|g| (g.0, g.1));
         t
+    }
+
+    /// Adds the `gap-aware` measure's CPU and memory terms ([`HostTerms`]) for a workload of
+    /// these pod kinds (`typical_pct` as in [`typical_pods`]): with them the measure also counts
+    /// GPU a node's CPU cannot serve and gaps whose fillers ask more CPU or memory than is left.
+    /// At most [`MAX_HOST_KINDS`] kinds are kept, the most frequent (the measure's cost grows
+    /// with them).
+    pub fn with_host(mut self, mut kinds: Vec<(PodKind, u64)>, typical_pct: f64) -> LiveFrag {
+        if kinds.len() > MAX_HOST_KINDS {
+            // Most frequent first; equal counts in the order given.
+            kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+            kinds.truncate(MAX_HOST_KINDS);
+        }
+        let terms = HostTerms::new(&kinds, typical_pct);
+        self.host = Some((kinds, terms));
+        self
+    }
+
+    /// Whether a table built from `kinds` would be this one but for small changes of the mix:
+    /// the same kinds (of those kept), each count's share within [`GAP_REUSE_RATIO`] of this
+    /// table's. A live table can then stay while pods come and go, and what was computed with it
+    /// stays right.
+    pub fn mix_close(&self, kinds: &[(PodKind, u64)]) -> bool {
+        let Some((mine, _)) = &self.host else {
+            return false;
+        };
+        let total = |v: &[(PodKind, u64)]| v.iter().map(|k| k.1).sum::<u64>() as f64;
+        let (t_mine, t_now) = (total(mine), total(kinds));
+        if mine.len() != kinds.len().min(MAX_HOST_KINDS) || t_mine == 0.0 || t_now == 0.0 {
+            return false;
+        }
+        mine.iter().all(|(k, n)| {
+            kinds.iter().find(|(j, _)| j == k).is_some_and(|(_, m)| {
+                let (a, b) = (*n as f64 / t_mine, *m as f64 / t_now);
+                a <= b * GAP_REUSE_RATIO && b <= a * GAP_REUSE_RATIO
+            })
+        })
     }
 
     /// Whether the table knows no GPU pod (then every node scores the same).
@@ -465,12 +511,27 @@ impl LiveFrag {
     /// (milli, weight) of the one-GPU share shapes, ascending, weights summing to 1 over them
     /// (the LP's prices depend only on the share mix, not on how many other pods there are).
     fn share_weights(&self) -> Vec<(u32, f64)> {
-        let shares: Vec<(u32, f64)> = self
-            .groups
-            .iter()
-            .filter(|g| g.1 == 1 && g.0 < MILLI)
-            .map(|g| (g.0, g.2))
-            .collect();
+        let shares: Vec<(u32, f64)> = match &self.host {
+            // Every share pod of the workload, not only the typical ones: a size too rare to be
+            // typical still takes gaps (the simulator's `ours` prices them all).
+            Some((kinds, _)) => {
+                let mut v: Vec<(u32, f64)> = Vec::new();
+                for (k, n) in kinds.iter().filter(|(k, _)| k.shape.is_share()) {
+                    match v.iter_mut().find(|s| s.0 == k.shape.gpu_milli) {
+                        Some(s) => s.1 += *n as f64,
+                        None => v.push((k.shape.gpu_milli, *n as f64)),
+                    }
+                }
+                v.sort_by_key(|s| s.0);
+                v
+            }
+            None => self
+                .groups
+                .iter()
+                .filter(|g| g.1 == 1 && g.0 < MILLI)
+                .map(|g| (g.0, g.2))
+                .collect(),
+        };
         let total: f64 = shares.iter().map(|s| s.1).sum();
         if total <= 0.0 {
             return shares;
@@ -496,11 +557,22 @@ impl LiveFrag {
         }
     }
 
-    /// The `gap-aware` node measure `M = F + WASTE_WEIGHT x W` of a node whose GPUs have these
-    /// free milli-GPU: fragmentation against the typical pods plus the unusable part of each
-    /// GPU's gap at the prices.
-    pub fn gap_measure(&self, left: &[u32]) -> f64 {
-        self.fragmentation(left) + WASTE_WEIGHT * self.gaps().waste(left)
+    /// The `gap-aware` node measure of a node whose GPUs have these free milli-GPU and, when
+    /// known, this much CPU and memory left: with the host terms and `host`, the measure of
+    /// [`HostTerms::measure`]; else `M = F + WASTE_WEIGHT x W`, fragmentation against the
+    /// typical pods plus the unusable part of each GPU's gap at the prices.
+    pub fn gap_measure(&self, left: &[u32], host: Option<HostLeft>) -> f64 {
+        match (&self.host, host) {
+            (Some((_, terms)), Some(h)) => {
+                let view = NodeView {
+                    cpu_left: h.cpu_milli,
+                    gpu_left: left,
+                    model: 0,
+                };
+                terms.measure(self.gaps(), view, h.mem_mib)
+            }
+            _ => self.fragmentation(left) + WASTE_WEIGHT * self.gaps().waste(left),
+        }
     }
 
     /// The per-move constant of a placement that takes `before` to `after` (free milli-GPU per
@@ -514,11 +586,18 @@ impl LiveFrag {
             .sum()
     }
 
-    /// The score step of a placement from `before` (measure `m_before`) to `after`.
-    pub fn gap_step(&self, m_before: f64, before: &[u32], after: &[u32]) -> i64 {
+    /// The score step of a placement from `before` (measure `m_before`) to `after`, the node
+    /// having `host_after` left once the pod is placed.
+    pub fn gap_step(
+        &self,
+        m_before: f64,
+        before: &[u32],
+        after: &[u32],
+        host_after: Option<HostLeft>,
+    ) -> i64 {
         bucket(
             m_before,
-            self.gap_measure(after),
+            self.gap_measure(after, host_after),
             self.gap_constant(before, after),
         )
     }
@@ -536,34 +615,38 @@ impl LiveFrag {
         gpus: &[GpuHot],
         state: &[Scratch],
         r: &VgpuRequest,
+        host: Option<(HostLeft, HostRequest)>,
         cand: &mut [(u64, u32, usize)],
-        before: &mut Vec<u32>,
-        after: &mut Vec<u32>,
+        (before, after): (&mut Vec<u32>, &mut Vec<u32>),
     ) {
         Self::fill(before, gpus, state);
-        let m_before = self.gap_measure(before);
+        let m_before = self.gap_measure(before, host.map(|h| h.0));
+        let host_after = host.map(|(left, req)| left.after(req));
         after.clear();
         after.extend_from_slice(before);
         for c in cand.iter_mut() {
             let i = c.2;
             after[i] = Self::left_of(&gpus[i], &state[i].with(&gpus[i], r));
-            let step = self.gap_step(m_before, before, after);
+            let step = self.gap_step(m_before, before, after, host_after);
             after[i] = before[i];
             c.0 = step.saturating_add(1 << 40).max(0) as u64;
         }
     }
 
-    /// The `gap-aware` node score 0..=10 for moving from `gpus` as they are to `state`.
-    pub(super) fn gap_node_score(
+    /// The `gap-aware` step for moving from `gpus` as they are to `state` (the node score is
+    /// [`LiveFrag::gap_score_of_step`]); `host`: what the node has left before the move and
+    /// what the pod asks.
+    pub(super) fn gap_node_step(
         &self,
         gpus: &[GpuHot],
         state: &[Scratch],
+        host: Option<(HostLeft, HostRequest)>,
         before: &mut Vec<u32>,
         after: &mut Vec<u32>,
-    ) -> u32 {
+    ) -> i64 {
         Self::fill_move(gpus, state, before, after);
-        let step = self.gap_step(self.gap_measure(before), before, after);
-        Self::gap_score_of_step(step)
+        let m_before = self.gap_measure(before, host.map(|h| h.0));
+        self.gap_step(m_before, before, after, host.map(|(l, r)| l.after(r)))
     }
 
     /// The free milli-GPU per GPU before a placement (`gpus` as they are) and after (`state`).

@@ -78,9 +78,10 @@ pub fn bucket(before: f64, after: f64, constant: f64) -> i64 {
 }
 
 /// The most share sizes the live scheduler's LP works on (beyond, a coarser grid): it runs on
-/// the filter path when the typical pods change, and 16 sizes solve in 0.1-0.8 ms where
-/// 40 take 4-10 ms.
-pub const LIVE_MAX_SIZES: usize = 16;
+/// the filter path when the typical pods change; 20 sizes solve in about 0.3 ms where 40 take
+/// 4-10 ms, and the Alibaba pod lists have at most 20 (with 16, coarsening cost `ours-live` 0.2
+/// points on gpushare20).
+pub const LIVE_MAX_SIZES: usize = 24;
 
 /// Solve the LP of the share pods given as (milli-GPU, pods) pairs (sizes outside `1..1000`
 /// are ignored; a size may repeat) and tabulate. With no share pod at all every gap is worth its

@@ -37,6 +37,7 @@
 
 pub mod frag;
 pub mod gaps;
+pub mod host;
 
 use std::fmt;
 
@@ -59,6 +60,7 @@ const TOPOLOGY_EXACT_MAX: usize = 16;
 use crate::assignment::{ContainerAssignment, DeviceSlice};
 use crate::inventory::DeviceInfo;
 use crate::request::VgpuRequest;
+use host::{HostLeft, HostRequest};
 
 /// The gpucores value that asks for a whole card, exclusively.
 pub const EXCLUSIVE_CORES: u32 = 100;
@@ -339,6 +341,11 @@ pub trait GpuSet {
     fn links(&self, _i: usize, _j: usize) -> u32 {
         0
     }
+    /// The node's CPU and memory left for new pods, when known (the `gap-aware` measure's host
+    /// terms need it).
+    fn host_left(&self) -> Option<HostLeft> {
+        None
+    }
 }
 
 impl GpuSet for NodeGpus {
@@ -548,6 +555,8 @@ pub struct PodRequest {
     pub numa: bool,
     /// `nvidia.com/numa-bind: "true"`: a container's GPUs on one NUMA node, or the node fails.
     pub numa_bind: bool,
+    /// The pod's CPU and memory request (the `gap-aware` measure's host terms read it).
+    pub host: HostRequest,
 }
 
 /// An annotation holding a policy name we do not know.
@@ -661,6 +670,7 @@ impl PodRequest {
             topology: gpu.topology,
             numa: gpu.numa,
             numa_bind,
+            host: HostRequest::default(),
         })
     }
 
@@ -675,6 +685,7 @@ impl PodRequest {
             topology: false,
             numa: false,
             numa_bind: false,
+            host: HostRequest::default(),
         }
     }
 }
@@ -1160,7 +1171,7 @@ pub fn place_scored_with<S: GpuSet + ?Sized>(
     let mut out = Vec::with_capacity(pod.containers.len());
     let mut buf = PlaceBuf::default();
     place_core(node, pod, &mut buf, Some(&mut out), frag)
-        .map(|s| (out, s))
+        .map(|s| (out, s.score))
         .map_err(|m| m.to_unfit(node, pod))
 }
 
@@ -1176,6 +1187,26 @@ pub fn score_set<S: GpuSet + ?Sized>(node: &S, pod: &PodRequest) -> Result<u32, 
     score_buf(node, pod, &mut buf, None).map_err(|m| m.to_unfit(node, pod))
 }
 
+/// How a node stands for a pod: the score kube-scheduler gets (0..=[`MAX_SCORE`]) and the rank
+/// a scheduler choosing the node itself orders by. They differ only under `gap-aware`, whose
+/// rank is the measure's step before it is clamped into the score's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// Node score, 0..=[`MAX_SCORE`].
+    pub score: u32,
+    /// The higher the better; the same order as `score` where that tells nodes apart.
+    pub rank: i64,
+}
+
+impl Standing {
+    fn of_score(score: u32) -> Standing {
+        Standing {
+            score,
+            rank: i64::from(score),
+        }
+    }
+}
+
 /// [`score_set`] reusing `buf`, failing with a [`Miss`] (no names, nothing allocated): the form a
 /// filter over thousands of nodes uses. `frag` as in [`place_scored_with`].
 pub fn score_buf<S: GpuSet + ?Sized>(
@@ -1184,6 +1215,16 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     buf: &mut PlaceBuf,
     frag: Option<&frag::LiveFrag>,
 ) -> Result<u32, Miss> {
+    standing_buf(node, pod, buf, frag).map(|s| s.score)
+}
+
+/// [`score_buf`] with the node's rank as well ([`Standing`]).
+pub fn standing_buf<S: GpuSet + ?Sized>(
+    node: &S,
+    pod: &PodRequest,
+    buf: &mut PlaceBuf,
+    frag: Option<&frag::LiveFrag>,
+) -> Result<Standing, Miss> {
     // The table is only read under `fragmentation` or `gap-aware` (the cluster hands it over
     // whenever it knows a GPU pod).
     let frag_used = frag.is_some() && (pod.node_policy.uses_table() || pod.gpu_policy.uses_table());
@@ -1192,7 +1233,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
             if c.request.gpus == 1 {
                 let gpus = hot_records(node, &mut buf.hot);
                 if let Some(score) = score_one_gpu(gpus, pod, &c.request) {
-                    return Ok(score);
+                    return Ok(Standing::of_score(score));
                 }
             }
         }
@@ -1415,7 +1456,7 @@ fn place_core<S: GpuSet + ?Sized>(
     buf: &mut PlaceBuf,
     mut record: Option<&mut Vec<ContainerAssignment>>,
     frag: Option<&frag::LiveFrag>,
-) -> Result<u32, Miss> {
+) -> Result<Standing, Miss> {
     let PlaceBuf {
         hot,
         scratch,
@@ -1429,6 +1470,8 @@ fn place_core<S: GpuSet + ?Sized>(
     scratch.clear();
     scratch.extend(gpus.iter().map(Scratch::of));
     touched.clear();
+    // What the node has left besides GPUs and what the pod asks (the `gap-aware` host terms).
+    let host = node.host_left().map(|left| (left, pod.host));
     let typed = pod.filter.typed();
     let uuids = pod.filter.uuids();
     for (ci, c) in pod.containers.iter().enumerate() {
@@ -1551,7 +1594,7 @@ fn place_core<S: GpuSet + ?Sized>(
             (Policy::GapAware, Some(t)) if need == 1 => {
                 // The GPU whose use leaves the node's measure the best step lower (ties: the
                 // lowest index, as the simulator).
-                t.rank_share_gaps(gpus, scratch, r, cand, frag_before, frag_after);
+                t.rank_share_gaps(gpus, scratch, r, host, cand, (frag_before, frag_after));
                 Policy::Binpack
             }
             (Policy::Spread, _) => Policy::Spread,
@@ -1607,10 +1650,15 @@ fn place_core<S: GpuSet + ?Sized>(
     }
     match (pod.node_policy, frag) {
         (Policy::Fragmentation, Some(t)) => {
-            return Ok(t.node_score(gpus, scratch, frag_before, frag_after))
+            let score = t.node_score(gpus, scratch, frag_before, frag_after);
+            return Ok(Standing::of_score(score));
         }
         (Policy::GapAware, Some(t)) => {
-            return Ok(t.gap_node_score(gpus, scratch, frag_before, frag_after))
+            let step = t.gap_node_step(gpus, scratch, host, frag_before, frag_after);
+            return Ok(Standing {
+                score: frag::LiveFrag::gap_score_of_step(step),
+                rank: step,
+            });
         }
         _ => {}
     }
@@ -1626,7 +1674,7 @@ fn place_core<S: GpuSet + ?Sized>(
         let (g, s) = (&gpus[i], &scratch[i]);
         sum = sum - u64::from(g.use_now) + g.use_permille(s.used_mib, s.used_cores);
     }
-    Ok(node_score(sum, n, pod.node_policy))
+    Ok(Standing::of_score(node_score(sum, n, pod.node_policy)))
 }
 
 #[cfg(test)]

@@ -804,14 +804,14 @@ fn gap_measure_and_steps() {
     assert!(g.unusable[1000].abs() < 1e-6);
     for left in [[200u32, 1000], [600, 0], [1000, 1000]] {
         let want = t.fragmentation(&left) + 8.0 * g.waste(&left);
-        assert!((t.gap_measure(&left) - want).abs() < 1e-6, "{left:?}");
+        assert!((t.gap_measure(&left, None) - want).abs() < 1e-6, "{left:?}");
     }
     // A 40 % pod into a 60 % gap loses the 60 % pod's whole card: 8000 milli, 27 steps down.
-    let step = t.gap_step(t.gap_measure(&[600]), &[600], &[200]);
+    let step = t.gap_step(t.gap_measure(&[600], None), &[600], &[200], None);
     assert!(step <= -20, "{step}");
     assert_eq!(frag::LiveFrag::gap_score_of_step(step), 0);
     // Into a free card: lossless.
-    let step = t.gap_step(t.gap_measure(&[1000]), &[1000], &[600]);
+    let step = t.gap_step(t.gap_measure(&[1000], None), &[1000], &[600], None);
     assert_eq!(step, 0);
     assert_eq!(frag::LiveFrag::gap_score_of_step(step), 5);
     assert_eq!(frag::LiveFrag::gap_score_of_step(40), MAX_SCORE);
