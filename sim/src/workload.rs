@@ -128,11 +128,13 @@ impl Trace {
         let ours = crate::ours::Ours::new(&class_counts);
         // What the extender learns from the pods it watches: shapes and CPU and memory requests,
         // no model lists.
-        let any_model = crate::ours::sorted_kinds(class_counts.iter().map(|(c, &n)| {
+        let mut any_model: HashMap<PodClass, u64> = HashMap::new();
+        for (c, &n) in &class_counts {
             let mut c = *c;
             c.shape.models = ModelMask::ANY;
-            (c, n)
-        }));
+            *any_model.entry(c).or_default() += n;
+        }
+        let any_model = crate::ours::sorted_kinds(any_model);
         let live = vgpu_core::placement::frag::LiveFrag::new(&typical)
             .with_host(any_model, TYPICAL_POPULARITY_PCT);
         Ok(Trace {
