@@ -1102,6 +1102,11 @@ impl Cluster {
         self.assumed.len()
     }
 
+    /// Number of pods whose CPU and memory are counted on a node.
+    pub fn host_pods(&self) -> usize {
+        self.hosts.pods()
+    }
+
     /// Number of pods counted (assumed or seen).
     pub fn placed_pods(&self) -> usize {
         self.pods.len()

@@ -73,6 +73,7 @@ pub struct Metrics {
     binds: Family<BindLabels, Counter>,
     nodes: Family<NodeStateLabels, Gauge>,
     assumed: Gauge,
+    host_pods: Gauge,
     mem_allocated: Family<DeviceLabels, Gauge>,
     mem_limit: Family<DeviceLabels, Gauge>,
     cores_ratio: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
@@ -128,6 +129,12 @@ impl Metrics {
             "Pods bound by the extender but not yet seen back from the API",
             assumed.clone(),
         );
+        let host_pods = Gauge::default();
+        registry.register(
+            "vgpu_scheduler_host_pods",
+            "Pods whose CPU and memory requests the extender counts on their nodes (every bound pod that has not finished)",
+            host_pods.clone(),
+        );
         let mem_allocated = Family::<DeviceLabels, Gauge>::default();
         registry.register_with_unit(
             "vgpu_device_memory_allocated",
@@ -168,6 +175,7 @@ impl Metrics {
             binds,
             nodes,
             assumed,
+            host_pods,
             mem_allocated,
             mem_limit,
             cores_ratio,
@@ -202,6 +210,8 @@ impl Metrics {
         }
         self.assumed
             .set(i64::try_from(cluster.assumed()).unwrap_or(i64::MAX));
+        self.host_pods
+            .set(i64::try_from(cluster.host_pods()).unwrap_or(i64::MAX));
         // Rebuilt from scratch so GPUs that went away disappear.
         self.mem_allocated.clear();
         self.mem_limit.clear();

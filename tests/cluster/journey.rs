@@ -394,6 +394,37 @@ impl<'p, 'c> Journey<'p, 'c> {
             8192 * MIB,
             "{step}: the scheduler counts probe-a and one replica"
         );
+        // The `gap-aware` host terms: every bound pod that has not finished, vGPU or not,
+        // counted from the real API server's pod watch.
+        let host_pods = |body: &str| -> Option<u64> {
+            body.lines()
+                .find_map(|l| l.strip_prefix("vgpu_scheduler_host_pods "))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        let bound = || -> u64 {
+            let pods = c.json(&["get", "pods", "-A"]);
+            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            items
+                .iter()
+                .filter(|p| {
+                    p["spec"]["nodeName"]
+                        .as_str()
+                        .is_some_and(|n| !n.is_empty())
+                })
+                .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+                .count() as u64
+        };
+        let counted = vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: the scheduler counts every bound pod's CPU and memory"),
+            || {
+                let n = host_pods(&http_get(metrics, "/metrics")?.1)?;
+                (n == bound() && n >= 2).then_some(n)
+            },
+        );
+        crate::report(&format!(
+            "the scheduler counts {counted} bound pods' CPU and memory"
+        ));
         c.delete(&["deployment", "replicas", "-n", NS]);
         c.delete(&["pod", "probe-a", "-n", NS]);
         let deleted = Instant::now();
