@@ -71,6 +71,7 @@ fn cluster(choose_node: bool, policy: Option<Policy>) -> (AppState, Vec<String>)
                 Some(HostLeft {
                     cpu_milli: 96_000,
                     mem_mib: 786_432,
+                    model: 0,
                 }),
             );
             for i in 0..GPUS {

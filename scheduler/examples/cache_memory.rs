@@ -62,6 +62,7 @@ fn build(hosts: bool) -> Cluster {
             let alloc = HostLeft {
                 cpu_milli: 96_000,
                 mem_mib: 786_432,
+                model: 0,
             };
             c.apply_allocatable(&name, Some(alloc));
         }

@@ -122,8 +122,8 @@ struct Placed {
 }
 
 /// A vGPU container as the typical-pod table counts it: (milli-GPU per GPU, GPUs, the pod's
-/// milli-CPU, the pod's MiB).
-type Kind = (u32, u32, u64, u64);
+/// milli-CPU, the pod's MiB, the model groups its GPU-type lists allow).
+type Kind = (u32, u32, u64, u64, u64);
 
 /// Counts of nodes by state, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -197,6 +197,19 @@ impl Models {
     fn group(&self, id: u32) -> Option<u32> {
         self.group.get(id as usize).copied()
     }
+
+    /// The model groups (lower-cased models) a pod's type lists allow, as a mask over group
+    /// numbers; [`ModelMask::ANY`] without lists, or when none of the first 64 groups passes.
+    fn mask(&self, filter: &GpuFilter) -> ModelMask {
+        if !filter.typed() {
+            return ModelMask::ANY;
+        }
+        ModelMask::of(
+            (0..self.lower.len().min(64) as u32)
+                .filter(|&g| filter.type_ok_lower(&self.lower[g as usize])),
+        )
+        .unwrap_or(ModelMask::ANY)
+    }
 }
 
 /// The cluster as the extender sees it.
@@ -216,6 +229,8 @@ pub struct Cluster {
     shape_counts: HashMap<Kind, u64>,
     /// Every pod's CPU and memory on its node (the `gap-aware` host terms).
     hosts: Hosts,
+    /// The model groups allowed to pods with GPU-type lists, by UID (counted in their kinds).
+    typed: HashMap<String, ModelMask>,
     /// The `fragmentation` and `gap-aware` policies' table from a file.
     fixed_frag: Option<LiveFrag>,
     /// The table from `shape_counts`, built when first needed after a change (a relist of
@@ -535,7 +550,14 @@ impl GpuSet for DenseSet<'_> {
         }
     }
     fn host_left(&self) -> Option<HostLeft> {
-        self.hosts.left(self.name)
+        let mut left = self.hosts.left(self.name)?;
+        // The node's model group (a node's GPUs share a model), in the kinds' model masks.
+        left.model = self
+            .hot
+            .first()
+            .and_then(|g| self.models.group(g.model_key()))
+            .unwrap_or(u32::MAX);
+        Some(left)
     }
 }
 
@@ -554,6 +576,7 @@ impl Cluster {
             generation: 0,
             shape_counts: HashMap::new(),
             hosts: Hosts::default(),
+            typed: HashMap::new(),
             fixed_frag: None,
             live_frag: std::sync::OnceLock::new(),
             prev_frag: None,
@@ -610,20 +633,28 @@ impl Cluster {
         let mut kinds: Vec<(PodKind, u64)> = self
             .shape_counts
             .iter()
-            .map(|(&(gpu_milli, num_gpu, cpu_milli, memory_mib), &n)| {
-                let shape = PodShape {
-                    cpu_milli,
-                    gpu_milli,
-                    num_gpu,
-                    models: ModelMask::ANY,
-                };
-                (PodKind { shape, memory_mib }, n)
-            })
+            .map(
+                |(&(gpu_milli, num_gpu, cpu_milli, memory_mib, models), &n)| {
+                    let shape = PodShape {
+                        cpu_milli,
+                        gpu_milli,
+                        num_gpu,
+                        models: ModelMask(models),
+                    };
+                    (PodKind { shape, memory_mib }, n)
+                },
+            )
             .collect();
         // Deterministic whatever the map's order.
         kinds.sort_by_key(|(k, _)| {
             let s = &k.shape;
-            (s.gpu_milli, s.num_gpu, s.cpu_milli, k.memory_mib)
+            (
+                s.gpu_milli,
+                s.num_gpu,
+                s.cpu_milli,
+                k.memory_mib,
+                s.models.0,
+            )
         });
         kinds
     }
@@ -638,6 +669,7 @@ impl Cluster {
             return Vec::new();
         };
         let mut host = Some(self.hosts.request(uid).unwrap_or_default());
+        let models = self.typed.get(uid).copied().unwrap_or(ModelMask::ANY).0;
         p.containers
             .iter()
             .filter_map(|c| {
@@ -656,7 +688,13 @@ impl Cluster {
                     return None;
                 }
                 let h = host.take().unwrap_or_default();
-                Some((milli.clamp(1, 1000) as u32, n, h.cpu_milli, h.mem_mib))
+                Some((
+                    milli.clamp(1, 1000) as u32,
+                    n,
+                    h.cpu_milli,
+                    h.mem_mib,
+                    models,
+                ))
             })
             .collect()
     }
@@ -850,6 +888,18 @@ impl Cluster {
         }
     }
 
+    /// Remembers a pod's GPU-type lists (from its annotations) as the model mask its kind is
+    /// counted with in the typical-pod table. Call it before [`Cluster::apply_pod`] for the same
+    /// event. The mask covers the models known then.
+    pub fn apply_pod_types(&mut self, uid: &str, filter: &GpuFilter) {
+        if filter.typed() {
+            let mask = self.models.mask(filter);
+            self.typed.insert(uid.to_string(), mask);
+        } else {
+            self.typed.remove(uid);
+        }
+    }
+
     /// Adds or updates a pod from the watch: `assignment` is its decoded annotation (if any), `node`
     /// its `spec.nodeName`; a finished pod frees its GPUs.
     pub fn apply_pod(
@@ -897,6 +947,7 @@ impl Cluster {
     /// Forgets a deleted pod.
     pub fn delete_pod(&mut self, uid: &str) {
         self.set_host(uid, None);
+        self.typed.remove(uid);
         self.assumed.remove(uid);
         self.unplace(uid);
     }
@@ -913,6 +964,8 @@ impl Cluster {
             self.unplace(&uid);
         }
         let assumed = &self.assumed;
+        self.typed
+            .retain(|uid, _| seen.contains(uid) || assumed.contains_key(uid));
         let changed = self
             .hosts
             .retain_pods(&|uid| seen.contains(uid) || assumed.contains_key(uid));
@@ -1051,6 +1104,7 @@ impl Cluster {
             Ok((containers, _)) => {
                 self.assumed.insert(uid.to_string(), at);
                 self.set_host(uid, Some((node, pod.host)));
+                self.apply_pod_types(uid, &pod.filter);
                 self.place_entry(
                     uid,
                     Placed {
@@ -1445,6 +1499,7 @@ mod tests {
         let alloc = Some(HostLeft {
             cpu_milli: 16_000,
             mem_mib: 65_536,
+            model: 0,
         });
         let before = c.generation();
         c.apply_allocatable("n1", alloc);
@@ -1469,6 +1524,71 @@ mod tests {
         assert_eq!(left(&c), Some(12_000));
         c.forget("u1");
         assert_eq!(left(&c), Some(16_000));
+    }
+
+    /// A placed pod's GPU-type lists count in its kind as the model groups they allow, and the
+    /// node's model reaches the measure (the simulator's `ours` does the same with its lists).
+    #[test]
+    fn typed_pods_count_with_the_models_they_allow() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        let mut inv = |node: &str, model: &str| {
+            let d = DeviceInfo {
+                uuid: format!("GPU-{node}"),
+                index: 0,
+                model: model.into(),
+                memory_mib: 10000,
+                cores: 100,
+                split: 10,
+                numa: None,
+                healthy: true,
+                vendor: String::new(),
+                nvlinks: Default::default(),
+            };
+            c.apply_node(
+                node,
+                Some(&NodeInventory::new(vec![d]).encode()),
+                Some(&hb),
+                None,
+            );
+        };
+        inv("a", "NVIDIA A100");
+        inv("t", "NVIDIA T4");
+        let filter = GpuFilter::from_annotations(|k| {
+            (k == vgpu_core::annotations::USE_GPU_TYPE).then_some("a100")
+        });
+        c.apply_pod_types("u1", &filter);
+        c.apply_pod("u1", Some("a"), Some(assignment("a", "GPU-a", 5000)), false);
+        c.apply_pod("u2", Some("t"), Some(assignment("t", "GPU-t", 5000)), false);
+        let masks: Vec<u64> = c.kinds().iter().map(|(k, _)| k.shape.models.0).collect();
+        // Groups are numbered as first seen: a100 is 0, t4 is 1.
+        assert_eq!(masks, [0, 0b1], "{masks:?}");
+        let set = |c: &Cluster, name: &'static str| {
+            let view = c.dense.get(name).unwrap();
+            DenseSet {
+                hot: view.gpus,
+                verdicts: &[],
+                models: &c.models,
+                nodes: &c.nodes,
+                hosts: &c.hosts,
+                name,
+                cold: OnceCell::new(),
+            }
+            .host_left()
+        };
+        // No allocatable yet: no host terms; then the node's model group comes with them.
+        assert_eq!(set(&c, "t"), None);
+        let alloc = Some(HostLeft {
+            cpu_milli: 8000,
+            mem_mib: 8192,
+            model: 0,
+        });
+        c.apply_allocatable("a", alloc);
+        c.apply_allocatable("t", alloc);
+        assert_eq!(set(&c, "a").map(|h| h.model), Some(0));
+        assert_eq!(set(&c, "t").map(|h| h.model), Some(1));
+        c.delete_pod("u1");
+        assert!(c.typed.is_empty());
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl Hosts {
         Some(HostLeft {
             cpu_milli: a.cpu_milli.saturating_sub(n.requested.cpu_milli),
             mem_mib: a.mem_mib.saturating_sub(n.requested.mem_mib),
+            model: 0,
         })
     }
 
@@ -145,6 +146,7 @@ mod tests {
             Some(HostLeft {
                 cpu_milli: 8000,
                 mem_mib: 32768,
+                model: 0,
             }),
         );
         assert_eq!(h.set_pod("p1", Some(("a", req(2000, 4096)))), ["a"]);
@@ -155,7 +157,8 @@ mod tests {
             h.left("a"),
             Some(HostLeft {
                 cpu_milli: 5500,
-                mem_mib: 27648
+                mem_mib: 27648,
+                model: 0,
             })
         );
         // Moved, finished, re-listed away.

@@ -214,6 +214,7 @@ mod tests {
             Some(vgpu_core::placement::host::HostLeft {
                 cpu_milli,
                 mem_mib: 1 << 20,
+                model: 0,
             })
         };
         // A half-free GPU beside one free core cannot take the 4-core pods the file describes.

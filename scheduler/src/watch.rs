@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vgpu_core::annotations::{DEVICE_CORDON, NODE_DEVICES, NODE_HEARTBEAT};
 use vgpu_core::placement::host::HostLeft;
+use vgpu_core::placement::GpuFilter;
 use vgpu_core::quantity::parse_ceil;
 
 use crate::pod;
@@ -79,6 +80,7 @@ pub fn allocatable(node: &Node) -> Option<HostLeft> {
     Some(HostLeft {
         cpu_milli: cpu,
         mem_mib: mem >> 20,
+        model: 0,
     })
 }
 
@@ -151,8 +153,11 @@ fn apply_pod(s: &AppState, p: &Pod) -> Option<String> {
     };
     let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
     let terminal = pod::is_terminal(p);
+    let annotations = p.metadata.annotations.as_ref();
+    let types = GpuFilter::from_annotations(|k| annotations?.get(k).map(String::as_str));
     let mut cluster = write(s);
     cluster.apply_pod_host(&uid, node, pod::host_request(p), terminal);
+    cluster.apply_pod_types(&uid, &types);
     cluster.apply_pod(&uid, node, assignment, terminal);
     Some(uid)
 }

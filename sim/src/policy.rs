@@ -167,6 +167,7 @@ impl NodeState {
         HostLeft {
             cpu_milli: self.cpu_left,
             mem_mib: self.mem_left,
+            model: self.model,
         }
     }
 }

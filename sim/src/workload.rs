@@ -126,17 +126,12 @@ impl Trace {
         );
         let table = FragTable::new(&typical);
         let ours = crate::ours::Ours::new(&class_counts);
-        // What the extender learns from the pods it watches: shapes and CPU and memory requests,
-        // no model lists.
-        let mut any_model: HashMap<PodClass, u64> = HashMap::new();
-        for (c, &n) in &class_counts {
-            let mut c = *c;
-            c.shape.models = ModelMask::ANY;
-            *any_model.entry(c).or_default() += n;
-        }
-        let any_model = crate::ours::sorted_kinds(any_model);
-        let live = vgpu_core::placement::frag::LiveFrag::new(&typical)
-            .with_host(any_model, TYPICAL_POPULARITY_PCT);
+        // What the extender learns from the pods it watches: shapes with their GPU-type lists,
+        // CPU and memory requests.
+        let live = vgpu_core::placement::frag::LiveFrag::new(&typical).with_host(
+            crate::ours::sorted_kinds(class_counts.iter().map(|(c, &n)| (*c, n))),
+            TYPICAL_POPULARITY_PCT,
+        );
         Ok(Trace {
             name: name.to_string(),
             classes,

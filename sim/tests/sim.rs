@@ -275,6 +275,7 @@ fn live_policies_score_as_the_extender() {
         let host = HostLeft {
             cpu_milli: [1000, 4000, 9000, 20_000, 1 << 30][rng.below(5) as usize],
             mem_mib: [1024, 4096, 1 << 30][rng.below(3) as usize],
+            model: 0,
         };
         let devs: Vec<Gpu> = (0..ngpu)
             .map(|i| {

@@ -567,7 +567,7 @@ impl LiveFrag {
                 let view = NodeView {
                     cpu_left: h.cpu_milli,
                     gpu_left: left,
-                    model: 0,
+                    model: h.model,
                 };
                 terms.measure(self.gaps(), view, h.mem_mib)
             }

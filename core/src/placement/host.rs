@@ -20,13 +20,15 @@ use super::frag::{cpu_stranded, typical_pods, FragTable, NodeView, PodShape, MIL
 use super::gaps::{GapPrices, WASTE_WEIGHT};
 
 /// What a node has left for new pods besides its GPUs: allocatable minus what its pods request
-/// (kube-scheduler's `NodeResourcesFit` view).
+/// (kube-scheduler's `NodeResourcesFit` view), and its GPU model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostLeft {
     /// Free milli-CPU.
     pub cpu_milli: u64,
     /// Free memory, MiB.
     pub mem_mib: u64,
+    /// The node's GPU model, as an index of the pod kinds' model lists ([`super::frag::ModelMask`]).
+    pub model: u32,
 }
 
 impl HostLeft {
@@ -35,6 +37,7 @@ impl HostLeft {
         HostLeft {
             cpu_milli: self.cpu_milli.saturating_sub(r.cpu_milli),
             mem_mib: self.mem_mib.saturating_sub(r.mem_mib),
+            model: self.model,
         }
     }
 }

@@ -503,6 +503,17 @@ pub struct GpuFilter {
 }
 
 impl GpuFilter {
+    /// The lists a pod's annotations give.
+    pub fn from_annotations<'a>(annotation: impl Fn(&str) -> Option<&'a str>) -> GpuFilter {
+        let list = |key| annotation(key).map(NameList::parse).unwrap_or_default();
+        GpuFilter {
+            use_types: list(USE_GPU_TYPE),
+            nouse_types: list(NOUSE_GPU_TYPE),
+            use_uuids: list(USE_GPU_UUID),
+            nouse_uuids: list(NOUSE_GPU_UUID),
+        }
+    }
+
     /// Whether a model, lower-cased, passes the type lists.
     pub fn type_ok_lower(&self, model_lower: &str) -> bool {
         (self.use_types.is_empty() || self.use_types.any_contained_in(model_lower))
@@ -627,7 +638,6 @@ impl PodRequest {
         default_node: Policy,
         default_gpu: Policy,
     ) -> Result<PodRequest, PolicyError> {
-        let list = |key| annotation(key).map(NameList::parse).unwrap_or_default();
         let node_policy = match annotation(NODE_POLICY) {
             None => default_node,
             Some(v) if v.trim().is_empty() => default_node,
@@ -658,12 +668,7 @@ impl PodRequest {
         };
         Ok(PodRequest {
             containers,
-            filter: GpuFilter {
-                use_types: list(USE_GPU_TYPE),
-                nouse_types: list(NOUSE_GPU_TYPE),
-                use_uuids: list(USE_GPU_UUID),
-                nouse_uuids: list(NOUSE_GPU_UUID),
-            },
+            filter: GpuFilter::from_annotations(&annotation),
             node_policy,
             gpu_policy: gpu.order.unwrap_or(default_gpu),
             mutex: gpu.mutex,
