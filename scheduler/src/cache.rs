@@ -1151,6 +1151,21 @@ impl Cluster {
         old.len()
     }
 
+    /// The assignment of pod `uid` when it is assumed (not yet seen back from the API) on `node`:
+    /// what a filter that chose the node holds for the bind.
+    pub fn assumed_on(&self, uid: &str, node: &str) -> Option<PodAssignment> {
+        if !self.assumed.contains_key(uid) {
+            return None;
+        }
+        let p = self.pods.get(uid).filter(|p| p.node == node)?;
+        Some(PodAssignment::new(node, p.containers.clone()))
+    }
+
+    /// Whether pod `uid` is assumed (not yet seen back from the API with its assignment).
+    pub fn is_assumed(&self, uid: &str) -> bool {
+        self.assumed.contains_key(uid)
+    }
+
     /// Number of assumed pods.
     pub fn assumed(&self) -> usize {
         self.assumed.len()
