@@ -242,7 +242,16 @@ pub struct Cluster {
     prev_frag: Option<LiveFrag>,
     /// Changes whenever the table the policies read may have changed.
     table_epoch: u64,
+    /// Containers counted in `shape_counts`.
+    placed_kinds: u64,
+    /// How far the counted mix may have moved since the live table was built (a bound on the
+    /// total variation).
+    table_drift: f64,
 }
+
+/// How far (total variation, 0..=1) the placed mix may move from the live table's before the
+/// table is rebuilt.
+const MIX_DRIFT: f64 = 0.02;
 
 /// Scores one pod against nodes by name: what a filter or prioritize call does for each candidate
 /// ([`Cluster::scorer`]). Reads the dense copy; the node entries only for messages.
@@ -581,6 +590,8 @@ impl Cluster {
             live_frag: std::sync::OnceLock::new(),
             prev_frag: None,
             table_epoch: 0,
+            placed_kinds: 0,
+            table_drift: 0.0,
         }
     }
 
@@ -714,17 +725,23 @@ impl Cluster {
                 }
             }
         }
-        // The table stays while the mix is close to the one it was built from: decisions
-        // computed with it (the filter's memo) stay right across binds.
-        let keep = self
-            .live_frag
-            .get()
-            .is_some_and(|t| t.mix_close(&self.kinds()));
-        if !keep {
+        // The table stays while the mix is close to the one it was built from, so decisions
+        // computed with it (the filter's memo) stay right across binds. One pod more or less in
+        // a mix of N moves it by at most 1/N in total variation; the sum of those bounds the
+        // drift since the table was built, in O(1) per change.
+        let n = shapes.len() as u64;
+        self.placed_kinds = if add {
+            self.placed_kinds.saturating_add(n)
+        } else {
+            self.placed_kinds.saturating_sub(n)
+        };
+        self.table_drift += n as f64 / self.placed_kinds.max(1) as f64;
+        if self.live_frag.get().is_none() || self.table_drift > MIX_DRIFT {
             if let Some(old) = self.live_frag.take() {
                 self.prev_frag = Some(old);
             }
             self.table_epoch += 1;
+            self.table_drift = 0.0;
         }
         self.generation += 1;
     }
@@ -1604,6 +1621,37 @@ mod tests {
         assert_eq!(set(&c, "t").map(|h| h.model), Some(1));
         c.delete_pod("u1");
         assert!(c.typed.is_empty());
+    }
+
+    /// Binds and deletes that barely move the placed mix keep the live table (and so every
+    /// remembered standing); a real change of the mix rebuilds it.
+    #[test]
+    fn binds_keep_the_table_while_the_mix_stays_close() {
+        let mut c = Cluster::new(Duration::from_secs(60), Duration::from_secs(300));
+        let hb = format_rfc3339(NOW);
+        let gpus: Vec<(String, u64)> = (0..64).map(|i| (format!("GPU-{i}"), 10000)).collect();
+        let gpus: Vec<(&str, u64)> = gpus.iter().map(|(u, m)| (u.as_str(), *m)).collect();
+        c.apply_node("n1", Some(&inventory(&gpus)), Some(&hb), None);
+        for i in 0..600 {
+            let a = assignment("n1", &format!("GPU-{}", i % 64), 1000);
+            c.apply_pod(&format!("u{i}"), Some("n1"), Some(a), false);
+        }
+        assert!(c.typical_pods().is_some());
+        let epoch = c.table_epoch();
+        let mut pod = mib(1000);
+        pod.node_policy = placement::Policy::GapAware;
+        c.assume("new", "n1", &pod, NOW, Instant::now()).unwrap();
+        c.forget("new");
+        c.delete_pod("u0");
+        assert!(c.typical_pods().is_some());
+        assert_eq!(c.table_epoch(), epoch);
+        // Three in a hundred pods of another size: rebuilt.
+        for i in 600..620 {
+            let a = assignment("n1", &format!("GPU-{}", i % 64), 5000);
+            c.apply_pod(&format!("u{i}"), Some("n1"), Some(a), false);
+            c.typical_pods();
+        }
+        assert!(c.table_epoch() > epoch);
     }
 
     #[test]

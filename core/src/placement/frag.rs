@@ -332,7 +332,8 @@ pub struct LiveFrag {
     /// (at most [`LIVE_MAX_SIZES`] sizes, under 1 ms; tables that only `fragmentation`
     /// reads never pay it), with the share weights they were solved for.
     gaps: OnceLock<(Vec<(u32, f64)>, GapPrices)>,
-    /// The `gap-aware` measure's CPU and memory terms, with the pod kinds they were built from.
+    /// The `gap-aware` measure's CPU and memory terms, with every pod kind they were built from
+    /// (the terms keep the most frequent [`MAX_HOST_KINDS`]).
     host: Option<(Vec<(PodKind, u64)>, HostTerms)>,
 }
 
@@ -392,36 +393,18 @@ impl LiveFrag {
     /// GPU a node's CPU cannot serve and gaps whose fillers ask more CPU or memory than is left.
     /// At most [`MAX_HOST_KINDS`] kinds are kept, the most frequent (the measure's cost grows
     /// with them).
-    pub fn with_host(mut self, mut kinds: Vec<(PodKind, u64)>, typical_pct: f64) -> LiveFrag {
-        if kinds.len() > MAX_HOST_KINDS {
+    pub fn with_host(mut self, kinds: Vec<(PodKind, u64)>, typical_pct: f64) -> LiveFrag {
+        let terms = if kinds.len() > MAX_HOST_KINDS {
             // Most frequent first; equal counts in the order given.
-            kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
-            kinds.truncate(MAX_HOST_KINDS);
-        }
-        let terms = HostTerms::new(&kinds, typical_pct);
+            let mut kept = kinds.clone();
+            kept.sort_by_key(|k| std::cmp::Reverse(k.1));
+            kept.truncate(MAX_HOST_KINDS);
+            HostTerms::new(&kept, typical_pct)
+        } else {
+            HostTerms::new(&kinds, typical_pct)
+        };
         self.host = Some((kinds, terms));
         self
-    }
-
-    /// Whether a table built from `kinds` would be this one but for small changes of the mix:
-    /// the same kinds (of those kept), each count's share within [`GAP_REUSE_RATIO`] of this
-    /// table's. A live table can then stay while pods come and go, and what was computed with it
-    /// stays right.
-    pub fn mix_close(&self, kinds: &[(PodKind, u64)]) -> bool {
-        let Some((mine, _)) = &self.host else {
-            return false;
-        };
-        let total = |v: &[(PodKind, u64)]| v.iter().map(|k| k.1).sum::<u64>() as f64;
-        let (t_mine, t_now) = (total(mine), total(kinds));
-        if mine.len() != kinds.len().min(MAX_HOST_KINDS) || t_mine == 0.0 || t_now == 0.0 {
-            return false;
-        }
-        mine.iter().all(|(k, n)| {
-            kinds.iter().find(|(j, _)| j == k).is_some_and(|(_, m)| {
-                let (a, b) = (*n as f64 / t_mine, *m as f64 / t_now);
-                a <= b * GAP_REUSE_RATIO && b <= a * GAP_REUSE_RATIO
-            })
-        })
     }
 
     /// Whether the table knows no GPU pod (then every node scores the same).
