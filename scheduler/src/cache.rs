@@ -273,10 +273,10 @@ const NO_MISS: Miss = Miss {
 /// The most pod requests whose standings a [`StandingMemo`] keeps.
 const MEMO_PODS: usize = 16;
 
-/// Standings of recent pod requests per node, for the policies that read the typical-pod
-/// table: each is kept while the node's dense version and the table stay the same, so that a
-/// burst of pods of a few shapes scores only the nodes the last binds changed. Without it a
-/// `gap-aware` filter over 5000 nodes costs tens of milliseconds.
+/// Standings of recent pod requests per node: each is kept while the node's dense version and
+/// the typical-pod table stay the same, so that a burst of pods of a few shapes scores only the
+/// nodes the last binds changed. Without it a `gap-aware` filter over 5000 nodes costs tens of
+/// milliseconds.
 #[derive(Debug, Default)]
 pub struct StandingMemo {
     /// (pod request, table epoch, per dense slot (version, result)), most recent first.
@@ -372,13 +372,6 @@ impl<'a> Scorer<'a> {
         let set = self.set(view.gpus, name);
         placement::standing_buf(&set, self.pod, buf, self.frag)
             .map_err(|m| Fail::Miss(view.gpus, m))
-    }
-
-    /// Whether this pod's decisions read the typical-pod table (`fragmentation`, `gap-aware`):
-    /// the costly ones, worth a [`StandingMemo`].
-    pub fn reads_table(&self) -> bool {
-        self.frag.is_some()
-            && (self.pod.node_policy.uses_table() || self.pod.gpu_policy.uses_table())
     }
 
     /// [`Scorer::standing_at`] through `memo` (this pod's, at the cluster's current table): a

@@ -251,16 +251,10 @@ impl AppState {
         let mut buf = PlaceBuf::default();
         let mut msg = String::new();
         let mut memo = FailMemo::default();
-        let mut standings = scorer.reads_table().then(|| lock(&self.standings));
-        let mut slots = standings
-            .as_mut()
-            .map(|m| m.slots(req, cluster.table_epoch()));
+        let mut standings = lock(&self.standings);
+        let slots = standings.slots(req, cluster.table_epoch());
         for (&n, hint) in names.iter().zip(hints.iter_mut()) {
-            let got = match slots.as_mut() {
-                Some(slots) => scorer.standing_memo(n, hint, &mut buf, slots),
-                None => scorer.standing_at(n, hint, &mut buf),
-            };
-            match got {
+            match scorer.standing_memo(n, hint, &mut buf, slots) {
                 Ok(standing) => pass(n, standing),
                 Err(f) => {
                     msg.clear();
