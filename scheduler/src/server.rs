@@ -790,12 +790,20 @@ async fn bind(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
             tracing::warn!(%pod, node = %args.node, error = %e, "bind failed");
             s.metrics.bind(e.metric());
             s.metrics.call("bind", "error", started.elapsed());
-            ExtenderBindingResult {
-                error: e.to_string(),
-            }
+            bind_failure(&e)
         }
     };
     Json(r).into_response()
+}
+
+/// The bind answer for a failure. kube-scheduler's `HTTPExtender.Bind` returns
+/// `fmt.Errorf(result.Error)` (pkg/scheduler/extender.go), using the text as a format string, so
+/// a `%` in it (`46% cores`) reached the pod's Events as `46%!c(MISSING)ores` on the real cluster;
+/// doubled, it prints as one.
+fn bind_failure(e: &BindError) -> ExtenderBindingResult {
+    ExtenderBindingResult {
+        error: e.to_string().replace('%', "%%"),
+    }
 }
 
 /// Largest extender body accepted. With `nodeCacheCapable: false` kube-scheduler sends whole Node
@@ -1145,6 +1153,13 @@ mod tests {
             );
             assert!(s.prioritize_json(bad, now).is_err());
         }
+    }
+
+    /// kube-scheduler formats the bind error with Go's fmt: a percent sign is doubled.
+    #[test]
+    fn bind_errors_survive_go_formatting() {
+        let e = BindError::NoFit("n1: no GPU with 46% cores free".into());
+        assert_eq!(bind_failure(&e).error, "n1: no GPU with 46%% cores free");
     }
 
     /// Prioritize reuses the filter's scores only while they are still right: the same pod

@@ -16,6 +16,7 @@ mod install;
 mod journey;
 mod kube;
 mod parts;
+mod scale;
 
 use kube::Cluster;
 
@@ -61,7 +62,67 @@ fn real_cluster() {
         j.run();
         faults::run(&mut j);
         j.cleanup();
+        scale::tier_step(j.parts);
     }
     install::run(&cluster, work.path());
     report(&format!("passed in {:.0?}", started.elapsed()));
+}
+
+/// The scale benchmark (docs/BENCHMARKS.md, "Scale through the real kube-scheduler"): run on
+/// demand, in release, against the same disposable cluster as the tier:
+///
+/// ```sh
+/// VGPU_CLUSTER=$HOME/kube-local cargo test --release -p vgpu-tests --test cluster \
+///     scale_benchmark -- --ignored --nocapture
+/// ```
+///
+/// `VGPU_SCALE_NODES` (5000), `VGPU_SCALE_VGPU_PODS` (10000), `VGPU_SCALE_PLAIN_PODS` (10000),
+/// `VGPU_SCALE_IN_FLIGHT` (32) size it; `VGPU_SCALE_QPS` and `VGPU_SCALE_BURST` set
+/// kube-scheduler's clientConnection (the chart sets none: kube-scheduler's defaults, 50 and 100);
+/// `VGPU_SCALE_CHART_SET` (`a=b,c=d`) renders the chart with other values.
+/// It fails when a pod is not bound, a bind fails or a GPU is over-committed; the rates are
+/// printed, not checked.
+#[test]
+#[ignore = "a benchmark: minutes, needs VGPU_CLUSTER; run with --ignored"]
+fn scale_benchmark() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let env = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}")))
+            .unwrap_or(default)
+    };
+    let mut connection = serde_json::Map::new();
+    for (var, key) in [("VGPU_SCALE_QPS", "qps"), ("VGPU_SCALE_BURST", "burst")] {
+        if std::env::var_os(var).is_some() {
+            connection.insert(key.into(), serde_json::json!(env(var, 0)));
+        }
+    }
+    let connection = serde_json::Value::Object(connection);
+    let size = scale::Size {
+        nodes: env("VGPU_SCALE_NODES", 5000),
+        vgpu_pods: env("VGPU_SCALE_VGPU_PODS", 10_000),
+        plain_pods: env("VGPU_SCALE_PLAIN_PODS", 10_000),
+        in_flight: env("VGPU_SCALE_IN_FLIGHT", 32),
+        phase_limit: std::time::Duration::from_secs(env("VGPU_SCALE_PHASE_LIMIT_S", 600) as u64),
+        client_connection: if connection.as_object().is_some_and(|c| !c.is_empty()) {
+            connection.to_string()
+        } else {
+            scale::CHART_CONNECTION.into()
+        },
+    };
+    let mut parts = parts::Parts::prepare(&cluster);
+    if let Ok(sets) = std::env::var("VGPU_SCALE_CHART_SET") {
+        // The chart rendered with other values (`scheduler.extender.chooseNode=false`).
+        let sets: Vec<&str> = sets.split(',').collect();
+        let helm = vgpu_tests::helm::helm().expect("helm");
+        parts.chart = vgpu_tests::helm::Chart::render(&helm, "1.36.2", &sets);
+    }
+    parts.start_scheduler_with(&connection);
+    parts.start_webhook();
+    let report = scale::run(&parts, &size);
+    let errors = report.errors();
+    assert!(errors.is_empty(), "scale benchmark: {errors:#?}");
 }

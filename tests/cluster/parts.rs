@@ -70,8 +70,8 @@ pub struct Scheduler {
     pub extender_addr: SocketAddr,
     /// Its metrics address.
     pub metrics: SocketAddr,
-    /// kube-scheduler with the chart's configuration (kept to keep it running).
-    _kube_scheduler: Running,
+    /// kube-scheduler with the chart's configuration.
+    pub kube_scheduler: Running,
     args: Vec<String>,
 }
 
@@ -263,6 +263,12 @@ impl<'c> Parts<'c> {
     /// Starts vgpu-scheduler with the chart's args and a kube-scheduler with the chart's
     /// configuration pointed at it.
     pub fn start_scheduler(&mut self) {
+        self.start_scheduler_with(&json!({}));
+    }
+
+    /// [`Parts::start_scheduler`] with `client_connection` merged into kube-scheduler's
+    /// `clientConnection` (`{"qps": 1000, "burst": 2000}`; the chart sets none).
+    pub fn start_scheduler_with(&mut self, client_connection: &Value) {
         let kubeconfig = self.kubeconfig_for("vgpu-scheduler");
         let mut args = without(
             args(
@@ -278,7 +284,11 @@ impl<'c> Parts<'c> {
         ]);
         let (extender, extender_addr, metrics) = launch_extender(&args);
 
-        let config = scheduler_config(&self.chart, &kubeconfig, &format!("http://{extender_addr}"));
+        let mut config =
+            scheduler_config(&self.chart, &kubeconfig, &format!("http://{extender_addr}"));
+        for (k, v) in client_connection.as_object().into_iter().flatten() {
+            config["clientConnection"][k] = v.clone();
+        }
         let path = self.tmp.path().join("kube-scheduler.json");
         std::fs::write(&path, config.to_string()).expect("write scheduler config");
         let kube_scheduler = self.launch_kube_scheduler(&path, &kubeconfig, "kube-scheduler");
@@ -286,7 +296,7 @@ impl<'c> Parts<'c> {
             extender,
             extender_addr,
             metrics,
-            _kube_scheduler: kube_scheduler,
+            kube_scheduler,
             args,
         });
     }
