@@ -202,3 +202,29 @@ async fn watch_pods(api: &Api<Pod>, state: &AppState) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn allocatable_reads_cpu_up_and_memory_down() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "7910m", "memory": "32780420Ki", "pods": "110"}}
+        }))
+        .unwrap();
+        assert_eq!(
+            allocatable(&node),
+            Some(HostLeft {
+                cpu_milli: 7910,
+                mem_mib: 32012,
+                model: 0
+            })
+        );
+        let bare: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).unwrap();
+        assert_eq!(allocatable(&bare), None);
+    }
+}
