@@ -335,10 +335,24 @@ fn check_choose(every: &SchedulerState, choose: &SchedulerState, args: &Extender
         return;
     };
     assert!(all_names.contains(chosen));
+    // The filter held its choice for the pod; the comparison is of the nodes without it.
+    if let Some(uid) = pod.metadata.uid.as_deref() {
+        choose
+            .cluster
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(uid);
+    }
     let cluster = choose.cluster.read().unwrap_or_else(|p| p.into_inner());
-    let score = |n: &str| cluster.score(n, &req, now).unwrap_or(0);
+    let scorer = cluster.scorer(&req, now);
+    // Nodes are chosen by rank (the score before it is clamped into 0..=10).
+    let rank = |n: &str| {
+        scorer
+            .standing_at(n, &mut None, &mut vgpu_core::placement::PlaceBuf::default())
+            .map_or(i64::MIN, |s| s.rank)
+    };
     for n in &all_names {
-        let (s, c) = (score(n), score(chosen));
+        let (s, c) = (rank(n), rank(chosen));
         assert!(
             s < c || (s == c && chosen <= n),
             "{chosen} ({c}) chosen over {n} ({s})"
