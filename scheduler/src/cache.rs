@@ -264,12 +264,6 @@ pub struct Scorer<'a> {
     frag: Option<&'a LiveFrag>,
 }
 
-/// A placeholder for memo slots not filled yet (their version 0 never matches).
-const NO_MISS: Miss = Miss {
-    container: 0,
-    why: placement::MissReason::NoGpus,
-};
-
 /// The most pod requests whose standings a [`StandingMemo`] keeps.
 const MEMO_PODS: usize = 16;
 
@@ -283,16 +277,12 @@ pub struct StandingMemo {
     entries: Vec<(PodRequest, u64, Vec<MemoSlot>)>,
 }
 
-/// A node's remembered result: its dense version when computed (0: none) and the result.
-pub type MemoSlot = (u64, Result<Standing, Miss>);
+/// A node's remembered result, with its dense version when computed.
+pub type MemoSlot = Option<(u64, Result<Standing, Miss>)>;
 
 impl StandingMemo {
     /// The slots of `pod` at table epoch `epoch` (new and empty when not kept).
-    pub fn slots(
-        &mut self,
-        pod: &PodRequest,
-        epoch: u64,
-    ) -> &mut Vec<(u64, Result<Standing, Miss>)> {
+    pub fn slots(&mut self, pod: &PodRequest, epoch: u64) -> &mut Vec<MemoSlot> {
         let at = self
             .entries
             .iter()
@@ -360,15 +350,7 @@ impl<'a> Scorer<'a> {
         hint: &mut Option<u32>,
         buf: &mut PlaceBuf,
     ) -> Result<Standing, Fail<'a>> {
-        let c = self.cluster;
-        let Some(view) = c.dense.get_at(name, hint) else {
-            return Err(Fail::Unknown);
-        };
-        match view.state {
-            dense::State::Heartbeat(t)
-                if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() => {}
-            _ => return Err(Fail::Unusable),
-        }
+        let view = self.usable(name, hint)?;
         let set = self.set(view.gpus, name);
         placement::standing_buf(&set, self.pod, buf, self.frag)
             .map_err(|m| Fail::Miss(view.gpus, m))
@@ -383,29 +365,35 @@ impl<'a> Scorer<'a> {
         buf: &mut PlaceBuf,
         memo: &mut Vec<MemoSlot>,
     ) -> Result<Standing, Fail<'a>> {
-        let c = self.cluster;
-        let Some(view) = c.dense.get_at(name, hint) else {
-            return Err(Fail::Unknown);
-        };
-        match view.state {
-            dense::State::Heartbeat(t)
-                if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() => {}
-            _ => return Err(Fail::Unusable),
-        }
+        let view = self.usable(name, hint)?;
         let slot = view.slot as usize;
         if memo.len() <= slot {
-            memo.resize(slot + 1, (0, Err(NO_MISS)));
+            memo.resize(slot + 1, None);
         }
         let got = match memo[slot] {
-            (v, r) if v == view.version && v != 0 => r,
+            Some((v, r)) if v == view.version => r,
             _ => {
                 let set = self.set(view.gpus, name);
                 let r = placement::standing_buf(&set, self.pod, buf, self.frag);
-                memo[slot] = (view.version, r);
+                memo[slot] = Some((view.version, r));
                 r
             }
         };
         got.map_err(|m| Fail::Miss(view.gpus, m))
+    }
+
+    /// The node's dense view when it can take vGPU pods now (known, inventory, fresh heartbeat).
+    fn usable(&self, name: &str, hint: &mut Option<u32>) -> Result<dense::NodeView<'a>, Fail<'a>> {
+        let c = self.cluster;
+        let view = c.dense.get_at(name, hint).ok_or(Fail::Unknown)?;
+        match view.state {
+            dense::State::Heartbeat(t)
+                if self.now.saturating_sub(t) <= c.heartbeat_timeout.as_secs() =>
+            {
+                Ok(view)
+            }
+            _ => Err(Fail::Unusable),
+        }
     }
 
     fn set<'s>(&'s self, hot: &'s [GpuHot], name: &'s str) -> DenseSet<'s> {
