@@ -3,13 +3,18 @@
 //!
 //! | variable | set by | value |
 //! |---|---|---|
-//! | `CUDA_DEVICE_MEMORY_LIMIT` | webhook | memory per visible device: bytes, or with a unit `b k m g` (any case, binary: `4096m` = 4 GiB) |
+//! | `CUDA_DEVICE_MEMORY_LIMIT` | webhook (gpumem in MiB), device plugin (when every device of the container has the same) | memory per visible device: bytes, or with a unit `b k m g` (any case, binary: `4096m` = 4 GiB) |
 //! | `CUDA_DEVICE_MEMORY_LIMIT_<i>` | device plugin | the same for visible device `i`; wins over the unsuffixed one |
-//! | `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<i>` | webhook, device plugin | 0–100, percent of SMs; 0 = unlimited |
+//! | `CUDA_DEVICE_SM_LIMIT` | webhook, device plugin (as the memory limit) | 0–100, percent of SMs; 0 = unlimited |
+//! | `CUDA_DEVICE_SM_LIMIT_<i>` | device plugin | the same for visible device `i` |
 //! | `CUDA_DEVICE_MEMORY_SHARED_CACHE` | device plugin | path of the container's accounting file |
 //! | `VGPU_*` | reserved | for future knobs of the hook |
 //! | `CUDA_TASK_PRIORITY` | device plugin, from the container's `nvidia.com/priority` | 0 high, 1 low (HAMi's; default 1) |
 //! | `GPU_CORE_UTILIZATION_POLICY` | device plugin: the node's `--gpu-core-policy`, or the container's own `env` | `default`, `force`, `disable` (HAMi's, any case) |
+//!
+//! The webhook and the device plugin write the unsuffixed pair in one form ([`container_limits`]):
+//! the pod's `env` comes after the plugin's variables in the container, so the two must agree for
+//! the hook to find the environment agreeing with its limits file.
 //!
 //! A tenant must not be able to set the limits: the webhook replaces user values, and the validating
 //! webhook refuses them. [`is_reserved`] is the one definition of "a limit the runtime reads". The
@@ -158,6 +163,39 @@ pub fn format_memory_mib(mib: u64) -> String {
     format!("{mib}m")
 }
 
+/// A container's limits for all its devices, as the webhook writes them into the pod's `env` and
+/// the device plugin into its Allocate answer and limits file: `CUDA_DEVICE_MEMORY_LIMIT` (`4096m`)
+/// when the MiB are known and `CUDA_DEVICE_SM_LIMIT` when the percentage is, in that order.
+pub fn container_limits(
+    memory_mib: Option<u64>,
+    cores: Option<u32>,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(2);
+    if let Some(m) = memory_mib {
+        out.push((MEMORY_LIMIT, format_memory_mib(m)));
+    }
+    if let Some(c) = cores {
+        out.push((SM_LIMIT, c.to_string()));
+    }
+    out
+}
+
+/// Whether two values of the variable `name` mean the same limit: memory sizes and percentages
+/// compared as numbers (`4096m` = `4g`), anything else as text.
+pub fn same_value(name: &str, a: &str, b: &str) -> bool {
+    let is = |base: &str| name == base || name.starts_with(&format!("{base}_"));
+    if is(MEMORY_LIMIT) {
+        if let (Ok(x), Ok(y)) = (parse_memory_bytes(a), parse_memory_bytes(b)) {
+            return x == y;
+        }
+    } else if is(SM_LIMIT) {
+        if let (Ok(x), Ok(y)) = (parse_sm_percent(a), parse_sm_percent(b)) {
+            return x == y;
+        }
+    }
+    a == b
+}
+
 /// Why an environment value cannot be read. The hook prints it and fails closed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -295,6 +333,32 @@ mod tests {
             parse_memory_bytes("99999999999999999999"),
             Err(EnvValueError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn one_form_for_a_containers_limits() {
+        assert_eq!(
+            container_limits(Some(3000), Some(30)),
+            vec![
+                (MEMORY_LIMIT, "3000m".to_string()),
+                (SM_LIMIT, "30".to_string())
+            ]
+        );
+        assert_eq!(
+            container_limits(None, Some(0)),
+            vec![(SM_LIMIT, "0".to_string())]
+        );
+        assert!(same_value(MEMORY_LIMIT, "4096m", "4g"));
+        assert!(same_value(
+            "CUDA_DEVICE_MEMORY_LIMIT_1",
+            "1024m",
+            "1073741824"
+        ));
+        assert!(!same_value("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m", "80g"));
+        assert!(same_value(SM_LIMIT, "30", " 30"));
+        assert!(!same_value("CUDA_DEVICE_SM_LIMIT_0", "30", "100"));
+        assert!(!same_value(SHARED_CACHE, "/tmp/vgpu/vgpu.cache", "/tmp/x"));
+        assert!(!same_value(MEMORY_LIMIT, "x", "4g"));
     }
 
     #[test]

@@ -10,7 +10,11 @@
 //! the hook reads limits from that file whenever it exists, ignoring the environment for them.
 //!
 //! Format: one `NAME=VALUE` per line, in the environment contract's names ([`crate::env`]); blank
-//! lines and lines starting with `#` are ignored. Only the contract's names and
+//! lines and lines starting with `#` are ignored. The two settings (`CUDA_TASK_PRIORITY`,
+//! `GPU_CORE_UTILIZATION_POLICY`) appear only when they differ from the hook's defaults, and the
+//! file's header comment says which defaults those are: a hook rolled back to a version that
+//! predates them refuses names it does not know, and a restarted container keeps its limits file
+//! but gets the library the node has now. Only the contract's names and
 //! `NVIDIA_VISIBLE_DEVICES` may appear, each at most once, so a damaged file is an error (the hook
 //! fails closed), never a partial read.
 
@@ -63,8 +67,14 @@ pub fn format<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> String 
         .into_iter()
         .filter(|(k, v)| is_allowed(k) && !v.contains('\n'))
         .collect();
-    let mut out =
-        String::from("# Written by vgpu-device-plugin at Allocate; read by libvgpu.so.\n");
+    let mut out = format!(
+        "# Written by vgpu-device-plugin at Allocate; read by libvgpu.so.\n\
+         # Not listed here: {}={} and {}={}, the hook's defaults.\n",
+        env::TASK_PRIORITY,
+        env::DEFAULT_PRIORITY,
+        env::CORE_POLICY,
+        env::CorePolicy::default().as_str()
+    );
     for (k, v) in sorted {
         out.push_str(k);
         out.push('=');

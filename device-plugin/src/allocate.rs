@@ -164,6 +164,22 @@ pub fn assigned(
         );
         envs.insert(env::sm_limit_for(i), d.cores.to_string());
     }
+    // The unsuffixed pair in the webhook's form, when it holds for every device: the pod's own
+    // `env` (where the webhook wrote the same pair) comes after these in the container, and the
+    // hook compares the environment with the limits file, so the two must say the same.
+    let common = |of: fn(&vgpu_core::assignment::DeviceSlice) -> u64| {
+        let first = of(container.devices.first()?);
+        container
+            .devices
+            .iter()
+            .all(|d| of(d) == first)
+            .then_some(first)
+    };
+    let memory = common(|d| d.memory_mib);
+    let cores = common(|d| u64::from(d.cores)).and_then(|c| u32::try_from(c).ok());
+    for (name, value) in env::container_limits(memory, cores) {
+        envs.insert(name.to_string(), value);
+    }
     envs.insert(
         env::SHARED_CACHE.to_string(),
         env::DEFAULT_SHARED_CACHE.to_string(),
@@ -245,6 +261,9 @@ mod tests {
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2048m");
         assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT_0"], "30");
         assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT_1"], "0");
+        // The two GPUs' slices differ, so there is no unsuffixed limit for all of them.
+        assert!(!r.envs.contains_key("CUDA_DEVICE_MEMORY_LIMIT"));
+        assert!(!r.envs.contains_key("CUDA_DEVICE_SM_LIMIT"));
         assert_eq!(
             r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
             "/tmp/vgpu/vgpu.cache"
@@ -269,6 +288,27 @@ mod tests {
         let file = vgpu_core::limits_file::parse(&limits_contents(&r)).unwrap_or_default();
         let envs: std::collections::BTreeMap<String, String> = r.envs.clone().into_iter().collect();
         assert_eq!(file, envs);
+    }
+
+    #[test]
+    fn equal_slices_get_the_webhooks_pair_too() {
+        let slice = |uuid: &str| DeviceSlice {
+            uuid: uuid.into(),
+            memory_mib: 3000,
+            cores: 30,
+            exclusive: false,
+        };
+        let c = ContainerAssignment {
+            name: "main".into(),
+            devices: vec![slice("GPU-a"), slice("GPU-b")],
+        };
+        let r = assigned(Path::new("/h"), "uid1", &c, &Runtime::default());
+        // The names and the form the webhook writes into the pod's env (vgpu_core::env::container_limits).
+        assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT"], "3000m");
+        assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT"], "30");
+        assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "3000m");
+        let file = vgpu_core::limits_file::parse(&limits_contents(&r)).unwrap_or_default();
+        assert_eq!(file["CUDA_DEVICE_MEMORY_LIMIT"], "3000m");
     }
 
     #[test]

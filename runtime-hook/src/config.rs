@@ -53,7 +53,9 @@ pub enum Source {
     /// The environment only (no limits file: outside Kubernetes, or `--allow-unscheduled`).
     Environment,
     /// The limits file; the environment was not read for limits. `overridden` lists the reserved
-    /// variables the environment set to something else (what a pod's `envFrom` could try).
+    /// variables the environment set to something else, or that the file does not have (what a
+    /// pod's `envFrom` or a shell's `export` could try): the webhook and the device plugin write
+    /// the same names in the same form, so in a container vgpu set up the list is empty.
     LimitsFile {
         /// `NAME=value` pairs of the environment that the file overrode.
         overridden: Vec<String>,
@@ -105,7 +107,8 @@ pub fn load(
         .iter()
         .filter_map(|k| {
             let v = get_env(k)?;
-            (vars.get(k) != Some(&v)).then(|| format!("{k}={v}"))
+            let agrees = vars.get(k).is_some_and(|f| env::same_value(k, f, &v));
+            (!agrees).then(|| format!("{k}={v}"))
         })
         .collect();
     overridden.sort();
@@ -247,6 +250,47 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn a_container_vgpu_set_up_has_nothing_overridden() {
+        let dir = std::env::temp_dir().join(format!("vgpu-agree-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(limits_file::FILE_NAME);
+        // The device plugin's answer: per-device limits and the webhook's pair, in one form.
+        let plugin = [
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m"),
+            ("CUDA_DEVICE_SM_LIMIT_0", "30"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "3000m"),
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/vgpu.cache"),
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
+        ];
+        std::fs::write(&file, limits_file::format(plugin)).unwrap();
+        // The container's environment: the plugin's variables, then the pod's env (the webhook's
+        // pair) over them, as the kubelet orders them.
+        let mut env: HashMap<&str, &str> = plugin.into_iter().collect();
+        env.insert("CUDA_DEVICE_MEMORY_LIMIT", "3000m");
+        env.insert("CUDA_DEVICE_SM_LIMIT", "30");
+        let get = |k: &str| env.get(k).map(|v| v.to_string());
+        let (_, source) = load(get, Some(&file)).unwrap();
+        assert_eq!(source, Source::LimitsFile { overridden: vec![] });
+        // The same size in another spelling is the same limit.
+        env.insert("CUDA_DEVICE_MEMORY_LIMIT_0", "3145728000");
+        let get = |k: &str| env.get(k).map(|v| v.to_string());
+        let (_, source) = load(get, Some(&file)).unwrap();
+        assert_eq!(source, Source::LimitsFile { overridden: vec![] });
+        // A different one is named.
+        env.insert("CUDA_DEVICE_SM_LIMIT", "100");
+        let get = |k: &str| env.get(k).map(|v| v.to_string());
+        let (_, source) = load(get, Some(&file)).unwrap();
+        assert_eq!(
+            source,
+            Source::LimitsFile {
+                overridden: vec!["CUDA_DEVICE_SM_LIMIT=100".into()]
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

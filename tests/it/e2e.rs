@@ -296,6 +296,24 @@ struct Placed {
     assignment: PodAssignment,
     uid: String,
     alloc: ContainerAllocateResponse,
+    /// The literal `env` of the stored (mutated) pod's first container, which the kubelet puts
+    /// after the device plugin's variables.
+    pod_env: Vec<(String, String)>,
+}
+
+/// The literal `env` entries of a stored pod's first container.
+fn pod_env(pod: &Value) -> Vec<(String, String)> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }
 
 impl Cluster {
@@ -585,30 +603,44 @@ impl Cluster {
             assignment,
             uid,
             alloc,
+            pod_env: pod_env(&stored),
         }
     }
 
-    /// Runs the probe as the container would: exactly the env Allocate returned, in a root where
-    /// each container path that a mount names is a symlink to its host path, and the hook preloaded
-    /// from there (what the mounted /etc/ld.so.preload does in the container).
+    /// Runs the probe as the container would: the env Allocate returned, then the pod's own `env`
+    /// (the webhook's limits), in a root where each container path that a mount names is a link
+    /// to its host path (hard for files, symbolic for directories), and the hook preloaded from
+    /// there (what the mounted /etc/ld.so.preload does in the container). The hook must print
+    /// nothing: its two sources agree.
     fn run_container(&self, p: &Placed, steps: &[&str]) -> Vec<String> {
-        self.run_container_with_tenant_env(p, steps, &[])
+        let (stdout, stderr) = self.run_container_with_tenant_env(p, steps, &[]);
+        assert!(
+            !stderr.contains("vgpu:"),
+            "step container: the hook complained in a container vgpu set up:\n{stderr}"
+        );
+        stdout
     }
 
-    /// [`Self::run_container`] with `tenant_env` appended after the device plugin's variables, as
-    /// kubelet appends a pod's `env` and `envFrom` (kubelet `GenerateRunContainerOptions`), so the
-    /// tenant's value is the one the process sees.
+    /// [`Self::run_container`] with `tenant_env` appended after the device plugin's variables and
+    /// the pod's `env`, as kubelet appends a pod's `env` and then `envFrom` (kubelet
+    /// `GenerateRunContainerOptions`), so the tenant's value is the one the process sees. Returns
+    /// the probe's stdout lines and its stderr.
     fn run_container_with_tenant_env(
         &self,
         p: &Placed,
         steps: &[&str],
         tenant_env: &[(&str, &str)],
-    ) -> Vec<String> {
+    ) -> (Vec<String>, String) {
         let root = tempfile::tempdir().unwrap();
         for m in &p.alloc.mounts {
             let at = root.path().join(m.container_path.trim_start_matches('/'));
             std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-            std::os::unix::fs::symlink(&m.host_path, &at).unwrap();
+            // A file mount is a hard link (the hook opens its GPU activity files without
+            // following links, as it must in a container), a directory mount a symlink.
+            if !Path::new(&m.host_path).is_file() || std::fs::hard_link(&m.host_path, &at).is_err()
+            {
+                std::os::unix::fs::symlink(&m.host_path, &at).unwrap();
+            }
         }
         let map = |v: &str| -> String {
             for m in &p.alloc.mounts {
@@ -651,8 +683,13 @@ impl Cluster {
             .env("LD_LIBRARY_PATH", &self.probe.dir)
             .env("LD_PRELOAD", &hook)
             .env("FAKE_CUDA_DEVICE_MEMORY", memory.join(","));
+        // As the container gets them: the hook reads the limits file and finds the accounting
+        // path it names under the file's root.
         for (k, v) in &p.alloc.envs {
-            cmd.env(k, map(v));
+            cmd.env(k, v);
+        }
+        for (k, v) in &p.pod_env {
+            cmd.env(k, v);
         }
         for (k, v) in tenant_env {
             cmd.env(k, v);
@@ -665,7 +702,10 @@ impl Cluster {
             p.alloc.envs,
             String::from_utf8_lossy(&out.stderr)
         );
-        stdout.lines().map(String::from).collect()
+        (
+            stdout.lines().map(String::from).collect(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     }
 
     async fn plugin_metrics(&self, node: usize) -> String {
@@ -899,18 +939,25 @@ async fn one_pods_journey_through_all_four_parts() {
     // Its tenant tries to lift the slice with reserved names from a ConfigMap behind envFrom,
     // which the validating webhook cannot see: the hook reads the device plugin's read-only
     // limits file instead, so the slice holds.
+    let (stdout, stderr) = c.run_container_with_tenant_env(
+        &third,
+        &steps,
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "80g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/elsewhere.cache"),
+        ],
+    );
     assert_eq!(
-        c.run_container_with_tenant_env(
-            &third,
-            &steps,
-            &[
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "80g"),
-                ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
-                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/elsewhere.cache"),
-            ],
-        ),
-        want,
+        stdout, want,
         "step container of third: its own slice, whatever its envFrom says"
+    );
+    // One line names exactly what the environment changed after admission.
+    let complaints: Vec<&str> = stderr.lines().filter(|l| l.starts_with("vgpu:")).collect();
+    assert_eq!(
+        complaints,
+        ["vgpu: ignoring CUDA_DEVICE_MEMORY_LIMIT=80g CUDA_DEVICE_MEMORY_LIMIT_0=80g CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/elsewhere.cache from the environment: the device plugin's limits file decides"],
+        "step container of third: the hook's warning"
     );
 
     // 7: over quota (12288 used, 4096 more): refused at validate, with an Event.
@@ -1105,6 +1152,7 @@ async fn placement_across_nodes_types_and_heartbeats() {
             assignment: a,
             uid,
             alloc,
+            pod_env: pod_env(&stored),
         };
         assert_eq!(
             placed

@@ -124,8 +124,13 @@ async fn mutates_gpu_pod_shapes() {
         json!({"v": 1, "c": {"c": {"gpus": 1, "memMiB": 4096, "cores": 30}}})
     );
     let c = &p["spec"]["containers"][0];
-    // The limits reach the container from the device plugin only.
-    assert_eq!(vgpu_env(c), []);
+    assert_eq!(
+        vgpu_env(c),
+        [
+            pair("CUDA_DEVICE_MEMORY_LIMIT", "4096m"),
+            pair("CUDA_DEVICE_SM_LIMIT", "30")
+        ]
+    );
     for section in ["limits", "requests"] {
         assert_eq!(
             c["resources"][section],
@@ -152,7 +157,13 @@ async fn mutates_gpu_pod_shapes() {
         c["resources"]["requests"]["nvidia.com/gpumem"], "2Gi",
         "user's spelling of an equal quantity is kept"
     );
-    assert_eq!(vgpu_env(c), []);
+    assert_eq!(
+        vgpu_env(c),
+        [
+            pair("CUDA_DEVICE_MEMORY_LIMIT", "2147483648m"),
+            pair("CUDA_DEVICE_SM_LIMIT", "0")
+        ]
+    );
 
     // 4. multi-container: only the GPU container changes.
     let (p, _) = wh.mutate(&pod(json!([
@@ -164,7 +175,11 @@ async fn mutates_gpu_pod_shapes() {
         p["spec"]["containers"][0]["resources"],
         json!({"limits": {"cpu": "1"}})
     );
-    assert_eq!(vgpu_env(&p["spec"]["containers"][1]), []);
+    assert_eq!(
+        vgpu_env(&p["spec"]["containers"][1]),
+        [pair("CUDA_DEVICE_SM_LIMIT", "0")],
+        "whole card: no memory limit env (its MiB are known at placement)"
+    );
     assert_eq!(
         p["spec"]["containers"][1]["resources"]["limits"]["nvidia.com/gpumem-percentage"],
         "100"
@@ -175,14 +190,17 @@ async fn mutates_gpu_pod_shapes() {
         pod(json!([{"name": "main", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}]));
     with_init["spec"]["initContainers"] = json!([{"name": "warmup", "resources": {"limits": {"nvidia.com/gpumem-percentage": "25"}}}]);
     let (p, _) = wh.mutate(&with_init).await;
-    assert_eq!(vgpu_env(&p["spec"]["initContainers"][0]), []);
+    assert_eq!(
+        vgpu_env(&p["spec"]["initContainers"][0]),
+        [pair("CUDA_DEVICE_SM_LIMIT", "0")]
+    );
     assert_eq!(
         p["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"],
         "25"
     );
     assert_eq!(
-        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"],
-        "1000"
+        vgpu_env(&p["spec"]["containers"][0])[0],
+        pair("CUDA_DEVICE_MEMORY_LIMIT", "1000m")
     );
     let marker = p["metadata"]["annotations"]["vgpu.io/injected"]
         .as_str()
@@ -192,7 +210,7 @@ async fn mutates_gpu_pod_shapes() {
         "{marker}"
     );
 
-    // 6. existing env, labels and annotations are kept; user-set reserved variables are removed.
+    // 6. existing env, labels and annotations are kept; user-set reserved variables are replaced.
     let mut existing = pod(
         json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "512"}},
         "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"}, {"name": "KEEP", "value": "y"},
@@ -206,7 +224,14 @@ async fn mutates_gpu_pod_shapes() {
         json!({"app": "x", "vgpu.io/managed": "true"})
     );
     assert_eq!(p["metadata"]["annotations"]["team"], "a");
-    assert_eq!(env_of(&p["spec"]["containers"][0]), [pair("KEEP", "y")]);
+    assert_eq!(
+        env_of(&p["spec"]["containers"][0]),
+        [
+            pair("CUDA_DEVICE_MEMORY_LIMIT", "512m"),
+            pair("KEEP", "y"),
+            pair("CUDA_DEVICE_SM_LIMIT", "0")
+        ]
+    );
 
     // 7. only gpucores: one GPU, whole card.
     let (p, _) = wh
@@ -444,8 +469,8 @@ async fn config_file_renames_resources_and_changes_defaults() {
         .await;
     assert_eq!(p["spec"]["schedulerName"], "gpu-sched");
     assert_eq!(
-        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"],
-        "10"
+        vgpu_env(&p["spec"]["containers"][0]),
+        [pair("CUDA_DEVICE_SM_LIMIT", "10")]
     );
     let resp = wh
         .review(

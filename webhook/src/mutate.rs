@@ -8,17 +8,20 @@
 //! - `spec.schedulerName` to ours, when empty or `default-scheduler` (another scheduler is kept, with
 //!   a warning: the pod will not be placed on a GPU slice by vgpu);
 //! - `spec.runtimeClassName`, when configured and unset;
-//! - per vGPU container, the defaulted vGPU resources in `limits` and `requests`, and no user value
-//!   of a variable the preload library reads (core's env contract): the limits reach the container
-//!   only from the device plugin's Allocate (its env and its read-only limits file), so vgpu never
-//!   hands a container two sources that could disagree;
+//! - per vGPU container (init containers too), the defaulted vGPU resources in `limits` and
+//!   `requests`, and the limits in its `env` as the preload library reads them (core's env
+//!   contract): `CUDA_DEVICE_MEMORY_LIMIT` (MiB, `4096m`; only when the request names MiB: a
+//!   percentage becomes MiB at placement) and `CUDA_DEVICE_SM_LIMIT`, once each, replacing any user
+//!   value; every other variable the library reads is removed. The device plugin's Allocate writes
+//!   the same names in the same form (and its read-only limits file, which the hook trusts), so the
+//!   spec shows what the container is limited to and the hook finds the two sources agreeing;
 //! - the `vgpu.io/managed` label and the `vgpu.io/injected` marker annotation.
 //!
 //! It never adds volumes: the device plugin mounts the preload library at Allocate, so pods keep
 //! passing Pod Security "baseline".
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::{json, Map, Value};
 use thiserror::Error;
 use vgpu_core::annotations::{InjectedMarker, INJECTED, MANAGED_LABEL, MANAGED_VALUE};
@@ -104,7 +107,7 @@ fn mutate_view(pod: &PodView<'_>, settings: &MutateSettings) -> Result<Mutation,
     for (c, req) in &wanted {
         let at = c.pointer();
         resources(c, &at, req, &settings.policy, &mut ops);
-        strip_reserved_env(c, &at, &mut ops);
+        environment(c, &at, req, &mut ops);
     }
     Ok(Mutation {
         patch: ops.into_patch(),
@@ -147,10 +150,11 @@ fn suffixed_gpumem_warning(
     })
 }
 
-/// Patch operations in two groups, so indices stay valid: removals from the highest index down,
-/// then additions (which never shift earlier elements).
+/// Patch operations in three groups, so indices stay valid: in-place replacements first, then
+/// removals from the highest index down, then additions (which never shift earlier elements).
 #[derive(Default)]
 struct Ops {
+    replace: Vec<PatchOperation>,
     remove: Vec<(PointerBuf, usize)>,
     add: Vec<PatchOperation>,
 }
@@ -161,14 +165,20 @@ impl Ops {
             .push(PatchOperation::Add(AddOperation { path, value }));
     }
 
+    fn replace(&mut self, path: PointerBuf, value: Value) {
+        self.replace
+            .push(PatchOperation::Replace(ReplaceOperation { path, value }));
+    }
+
     fn into_patch(mut self) -> Patch {
+        let mut ops = self.replace;
         // Remove later elements first, so earlier indices still point where they did.
         self.remove.sort_by_key(|r| std::cmp::Reverse(r.1));
-        let mut ops: Vec<PatchOperation> = self
-            .remove
-            .into_iter()
-            .map(|(path, _)| PatchOperation::Remove(RemoveOperation { path }))
-            .collect();
+        ops.extend(
+            self.remove
+                .into_iter()
+                .map(|(path, _)| PatchOperation::Remove(RemoveOperation { path })),
+        );
         ops.extend(self.add);
         Patch(ops)
     }
@@ -302,18 +312,62 @@ fn resources(
     }
 }
 
-/// Removes every variable the preload library reads from a vGPU container's `env` (`at` is the
-/// container's pointer), so the device plugin's values are the only ones the container gets.
-fn strip_reserved_env(c: &ContainerView<'_>, at: &PointerBuf, ops: &mut Ops) {
-    for (i, e) in c.env.iter().flatten().enumerate() {
-        if e.name
-            .as_ref()
-            .is_some_and(|n| env::is_reserved(n.as_str()))
-        {
-            let mut p = at.clone();
-            p.push_back("env");
-            p.push_back(i);
-            ops.remove.push((p, i));
+/// The limit variables a vGPU container's spec carries, with their values: the names and the form
+/// the device plugin's Allocate writes too (`vgpu_core::env::container_limits`), so the hook finds
+/// them agreeing with its limits file. A percentage of the card's memory has no MiB before
+/// placement, so it gets no memory variable here (the device plugin writes it at Allocate).
+pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
+    let memory = match req.memory {
+        Memory::Mib(m) => Some(m),
+        Memory::Percent(_) => None,
+    };
+    env::container_limits(memory, Some(req.cores))
+}
+
+/// The preload library's variables in the container's `env` (`at` is the container's pointer): the
+/// first occurrence of each wanted variable corrected in place, every other variable the library
+/// reads (indexed limits, the accounting path, `VGPU_*`, duplicates) removed, the missing ones
+/// appended.
+fn environment(c: &ContainerView<'_>, at: &PointerBuf, req: &VgpuRequest, ops: &mut Ops) {
+    let mut base = at.clone();
+    base.push_back("env");
+    let desired = desired_env(req);
+    let entry = |name: &str, value: &str| json!({"name": name, "value": value});
+
+    let Some(current) = &c.env else {
+        ops.add(
+            base,
+            Value::Array(desired.iter().map(|(n, v)| entry(n, v)).collect()),
+        );
+        return;
+    };
+    let mut satisfied = vec![false; desired.len()];
+    for (i, e) in current.iter().enumerate() {
+        let Some(name) = e.name.as_ref().map(Name::as_str) else {
+            continue;
+        };
+        if !env::is_reserved(name) {
+            continue;
+        }
+        let mut at = base.clone();
+        at.push_back(i);
+        match desired.iter().position(|(n, _)| *n == name) {
+            Some(d) if !satisfied[d] => {
+                satisfied[d] = true;
+                let same = e.value.as_ref().map(Name::as_str) == Some(desired[d].1.as_str())
+                    && !e.value_from;
+                if !same {
+                    ops.replace(at, entry(desired[d].0, &desired[d].1));
+                }
+            }
+            _ => ops.remove.push((at, i)),
+        }
+    }
+    for ((name, value), done) in desired.iter().zip(satisfied) {
+        if !done {
+            let mut at = base.clone();
+            at.push_back("-");
+            ops.add(at, entry(name, value));
         }
     }
 }
@@ -353,16 +407,18 @@ mod tests {
             c["resources"]["requests"],
             json!({"nvidia.com/gpumem": "4096", "nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"})
         );
-        // The limits reach the container from the device plugin alone.
-        assert!(c.get("env").is_none(), "{c}");
+        assert_eq!(
+            c["env"],
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
         let again = mutate_pod(&out, &settings()).unwrap();
         assert!(again.patch.0.is_empty(), "{:?}", again.patch);
     }
 
     #[test]
     fn a_forged_injected_marker_changes_nothing() {
-        // A tenant copies the marker of a mutated pod and sets its own limit: the patch is the diff
-        // against the desired state, so the variable still goes.
+        // A tenant copies the marker of a mutated pod and raises its own limit: the patch is the diff
+        // against the desired state, so the env is still corrected.
         let pod = json!({"metadata": {"labels": {"vgpu.io/managed": "true"}, "annotations": {
             "vgpu.io/injected": r#"{"v":1,"c":{"c":{"CUDA_DEVICE_MEMORY_LIMIT":"999g"}}}"#}},
             "spec": {"schedulerName": "vgpu-scheduler", "runtimeClassName": "vgpu", "containers": [{"name": "c",
@@ -370,11 +426,14 @@ mod tests {
                           "requests": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "0"}},
             "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "999g"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]}]}});
         let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
-        assert_eq!(out["spec"]["containers"][0]["env"], json!([]));
+        assert_eq!(
+            out["spec"]["containers"][0]["env"],
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
     }
 
     #[test]
-    fn user_env_the_runtime_reads_is_removed_in_a_valid_order() {
+    fn user_env_is_replaced_and_removed_in_a_valid_order() {
         let pod = json!({"spec": {"containers": [{"name": "c",
         "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "1024"}},
         "env": [
@@ -391,14 +450,16 @@ mod tests {
             out["spec"]["containers"][0]["env"],
             json!([
                 {"name": "A", "value": "1"},
-                {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"},
+                {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"}
             ])
         );
         assert!(mutate_pod(&out, &settings()).unwrap().patch.0.is_empty());
     }
 
     #[test]
-    fn percentage_and_existing_quantities_count() {
+    fn percentage_omits_memory_limit_and_existing_quantities_count() {
         let pod = json!({"spec": {"schedulerName": "default-scheduler", "containers": [{"name": "c",
             "resources": {"limits": {"nvidia.com/gpumem-percentage": "50", "nvidia.com/gpu": "1k"},
                           "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
@@ -413,9 +474,38 @@ mod tests {
                           "requests": {"nvidia.com/gpumem-percentage": "50"}}}]}});
         let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
         let c = &out["spec"]["containers"][0];
+        assert_eq!(
+            c["env"],
+            json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}])
+        );
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
         assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "2");
         assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
+    }
+
+    #[test]
+    fn every_spelling_of_gpumem_and_every_container_kind_gets_its_limits() {
+        // The API server hands a user's 2000 over as "2k"; "3Gi" counts MiB (a warning says so).
+        for (text, want) in [("3000", "3000m"), ("2k", "2000m"), ("3Gi", "3221225472m")] {
+            let pod = json!({"spec": {"initContainers": [{"name": "warmup",
+                "resources": {"requests": {"nvidia.com/gpumem": text, "nvidia.com/gpucores": "20"}}}],
+                "containers": [{"name": "main",
+                "resources": {"limits": {"nvidia.com/gpumem": text}},
+                "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "999999m"}]}]}});
+            let out = apply(&pod, &mutate_pod(&pod, &settings()).unwrap());
+            assert_eq!(
+                out["spec"]["initContainers"][0]["env"],
+                json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": want}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "20"}]),
+                "{text}: a requests-only init container"
+            );
+            assert_eq!(
+                out["spec"]["containers"][0]["env"],
+                json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": want}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]),
+                "{text}: the user's value replaced"
+            );
+            let again = mutate_pod(&out, &settings()).unwrap();
+            assert!(again.patch.0.is_empty(), "{text}: {:?}", again.patch);
+        }
     }
 
     #[test]

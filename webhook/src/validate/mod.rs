@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod events;
 pub mod ledger;
+pub mod ledger_namespace;
 pub mod policy;
 pub mod quota;
 pub mod usage;
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use cache::ClusterCache;
 use events::{EventRecorder, Rejection, REASON_POLICY, REASON_QUOTA};
 use ledger::{Attempt, Ledger};
+use ledger_namespace::LedgerNamespace;
 use policy::PolicyRules;
 use quota::Quota;
 
@@ -65,6 +67,8 @@ pub struct Validator {
     client: Option<kube::Client>,
     events: EventRecorder,
     metrics: Arc<Metrics>,
+    /// Where the ledgers live, and what is known to be wrong there.
+    ledger_namespace: Arc<LedgerNamespace>,
     /// One admission per namespace at a time within this replica: conflicts then only come from
     /// other replicas.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -95,6 +99,7 @@ impl Validator {
     pub fn offline(settings: ValidateSettings, metrics: Arc<Metrics>) -> Validator {
         warn_if_update_rule_is_off(&settings);
         Validator {
+            ledger_namespace: LedgerNamespace::new(&settings.ledger_namespace),
             settings,
             cache: Arc::new(ClusterCache::default()),
             client: None,
@@ -114,7 +119,10 @@ impl Validator {
         let cache = Arc::new(ClusterCache::default());
         cache.keep_seen_for(settings.reservation_ttl);
         cache::spawn_watchers(client.clone(), cache.clone(), settings.policy.clone());
+        let ledger_namespace = LedgerNamespace::new(&settings.ledger_namespace);
+        ledger_namespace.spawn_check(client.clone());
         Validator {
+            ledger_namespace,
             events: EventRecorder::start(client.clone(), metrics.clone()),
             settings,
             cache,
@@ -136,6 +144,7 @@ impl Validator {
                 Some(c) => EventRecorder::start(c.clone(), metrics.clone()),
                 None => EventRecorder::disabled(metrics.clone()),
             },
+            ledger_namespace: LedgerNamespace::new(&settings.ledger_namespace),
             settings,
             cache,
             client,
@@ -145,9 +154,9 @@ impl Validator {
     }
 
     /// Ready when there is no API to sync with, or every cache holds a complete LIST and its watch
-    /// is healthy.
+    /// is healthy and the ledger namespace takes the webhook's writes.
     pub fn ready(&self) -> bool {
-        self.client.is_none() || self.cache.synced()
+        self.readiness().is_ok()
     }
 
     /// `Ok` when [`Self::ready`], else why not (for `/readyz`'s body).
@@ -155,9 +164,19 @@ impl Validator {
         if self.client.is_none() {
             return Ok(());
         }
-        match self.cache.unsynced_reason() {
-            None => Ok(()),
-            Some(why) => Err(format!("caches not synced: {why}")),
+        let why: Vec<String> = [
+            self.cache
+                .unsynced_reason()
+                .map(|why| format!("caches not synced: {why}")),
+            self.ledger_namespace.problem(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if why.is_empty() {
+            Ok(())
+        } else {
+            Err(why.join("; "))
         }
     }
 
@@ -458,12 +477,27 @@ impl Validator {
                 "unavailable",
             )
         };
+        // A ledger request refused for the ledger namespace's sake (missing, closed to the
+        // webhook) is a setup fault to name, not an outage.
+        let ledger_failed = |e: &kube::Error| {
+            match self.ledger_namespace.fault_in(e) {
+            Some(problem) => (
+                allow.clone().deny(
+                    503,
+                    "ServiceUnavailable",
+                    format!("vgpu quota cannot be checked in namespace {namespace}: {problem}; pods under a vGPU quota are refused until then"),
+                ),
+                "unavailable",
+            ),
+            None => unavailable(e),
+        }
+        };
         loop {
             let current = match api.get_opt(&name).await {
                 Ok(c) => c,
                 Err(e) => {
                     self.metrics.quota_reservation("error");
-                    return unavailable(&e);
+                    return ledger_failed(&e);
                 }
             };
             let ledger = current
@@ -503,6 +537,7 @@ impl Validator {
                     match written {
                         Ok(()) => {
                             self.metrics.quota_reservation("ok");
+                            self.ledger_namespace.works();
                             return (allow, "reserved");
                         }
                         Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -515,7 +550,7 @@ impl Validator {
                         }
                         Err(e) => {
                             self.metrics.quota_reservation("error");
-                            return unavailable(&e);
+                            return ledger_failed(&e);
                         }
                     }
                 }

@@ -143,15 +143,17 @@ pub fn check(
             }
         }
         if rules.deny_reserved_env {
-            // /mutate removed every one of these: one present now was added after it, and the
-            // device plugin's Allocate is the only source of the container's limits. Except, during
-            // an upgrade from 0.1 (whose /mutate wrote these two, while the API server may send
-            // /validate to a new replica), exactly what that /mutate wrote, once each.
-            let written_by_0_1 = |var: &str, e: &Value, seen: &[&str]| {
-                let want = match (var, req.memory) {
-                    (env::MEMORY_LIMIT, Memory::Mib(m)) => env::format_memory_mib(m),
-                    (env::SM_LIMIT, _) => req.cores.to_string(),
-                    _ => return false,
+            // /mutate wrote the container's limits (core's `env::container_limits`) and removed
+            // every other one of these: anything else, or another value, was added after it, and
+            // the device plugin's Allocate is what sets the container's limits.
+            let memory = match req.memory {
+                Memory::Mib(m) => Some(m),
+                Memory::Percent(_) => None,
+            };
+            let written = env::container_limits(memory, Some(req.cores));
+            let written_by_mutate = |var: &str, e: &Value, seen: &[&str]| {
+                let Some((_, want)) = written.iter().find(|(n, _)| *n == var) else {
+                    return false;
                 };
                 !seen.contains(&var)
                     && e.get("valueFrom").is_none()
@@ -160,7 +162,7 @@ pub fn check(
             let mut seen: Vec<&str> = Vec::new();
             if let Some((var, value)) = envs.into_iter().flatten().find_map(|e| {
                 let var = e.get("name").and_then(Value::as_str)?;
-                if !env::is_reserved(var) || written_by_0_1(var, e, &seen) {
+                if !env::is_reserved(var) || written_by_mutate(var, e, &seen) {
                     seen.push(var);
                     return None;
                 }
@@ -427,11 +429,12 @@ mod tests {
     #[test]
     fn a_mutated_pod_passes() {
         assert_eq!(run(gpu_pod(json!({})), &PolicyRules::default()), Ok(()));
-        // What 0.1's /mutate wrote (a rolling upgrade mixes old /mutate and new /validate
-        // replicas), exactly and once; anything else is refused.
-        let old = json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"},
+        // What /mutate writes, exactly and once; anything else is refused.
+        let mutated = json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"},
             {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
-        assert_eq!(run(gpu_pod(old), &PolicyRules::default()), Ok(()));
+        assert_eq!(run(gpu_pod(mutated), &PolicyRules::default()), Ok(()));
+        let spelled = json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4g"}]});
+        assert_eq!(rule_of(gpu_pod(spelled)), "denyReservedEnv");
         let twice = json!({"env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"},
             {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]});
         assert_eq!(rule_of(gpu_pod(twice)), "denyReservedEnv");
