@@ -12,6 +12,7 @@ pub fn run(j: &mut Journey<'_, '_>) {
     extender_outage_leaves_pods_pending(j);
     webhook_outage_fails_closed_for_vgpu_pods_only(j);
     webhook_restart_mid_stream_never_overspends_the_quota(j);
+    a_ledger_namespace_the_webhook_cannot_use_is_named(j);
 }
 
 /// The probe run again inside a running container (`kubectl exec`): the limits still hold.
@@ -224,4 +225,52 @@ fn webhook_restart_mid_stream_never_overspends_the_quota(j: &mut Journey<'_, '_>
         "{step}: {held} MiB of vGPU pods under a {QUOTA_MIB} MiB quota"
     );
     assert!(admitted >= 1, "{step}: nothing was admitted at all");
+}
+
+/// A webhook whose ledger namespace (`--namespace`) does not exist, or is closed to it: `/readyz`
+/// and the refusal of a pod under a vGPU quota name the namespace and the flag, not an API outage.
+/// With an admin's kubeconfig (a host process, as a new user starts it) the API server answers a
+/// ledger write with its NamespaceLifecycle 404; with the chart's ServiceAccount, RBAC answers 403
+/// first (the ledger Role lives in the release namespace only).
+fn a_ledger_namespace_the_webhook_cannot_use_is_named(j: &mut Journey<'_, '_>) {
+    let step = "step 6f (ledger namespace)";
+    let missing = "vgpu-tier-no-such-namespace";
+    let admin = j.cluster().kubeconfig();
+    for (kubeconfig, says) in [
+        (Some(admin.as_path()), "does not exist"),
+        (None, "may not write its quota ledgers"),
+    ] {
+        let w = j.parts.side_webhook(kubeconfig, missing);
+        let reason =
+            vgpu_tests::wait_for(WAIT, &format!("{step}: /readyz naming {missing}"), || {
+                let (code, body) = j.parts.https_call(w.addr, "GET", "/readyz", b"");
+                (code == 503 && body.contains(says)).then_some(body)
+            });
+        assert!(
+            reason.contains(&format!("{missing:?}")) && reason.contains("--namespace"),
+            "{step}: /readyz: {reason}"
+        );
+        let mut pod = slice_pod("ledgerless", 1024, 0);
+        pod["metadata"]["namespace"] = serde_json::json!(NS);
+        let review = vgpu_tests::admission::pod_create_review("tier-ledger", &pod, false);
+        let (code, body) = j.parts.https_call(w.addr, "POST", "/validate", &review);
+        let answer: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{step}: /validate answered {code}: {e}: {body}"));
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or("");
+        assert_eq!(
+            (code, answer["response"]["allowed"].as_bool()),
+            (200, Some(false)),
+            "{step}: {body}"
+        );
+        assert!(
+            message.contains(says)
+                && message.contains(&format!("{missing:?}"))
+                && message.contains("--namespace")
+                && !message.contains("unavailable"),
+            "{step}: the refusal: {message}"
+        );
+        report(&format!("webhook with --namespace {missing}: {message}"));
+    }
 }

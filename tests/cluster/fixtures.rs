@@ -211,6 +211,29 @@ pub fn check_against_the_real_components(c: &Cluster) {
                 .ok_or_else(|| format!("{:?} became {:?}", said(pinned), said(now)))
         },
     );
+    // A ConfigMap created in a namespace that does not exist: NamespaceLifecycle's 404, which the
+    // webhook tells apart from an outage when its ledger namespace is missing.
+    let missing = "vgpu-fixture-missing";
+    let configmap = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "vgpu-ledger-probe"}});
+    let status = raw_status(
+        c,
+        &format!("/api/v1/namespaces/{missing}/configmaps"),
+        &configmap,
+    );
+    settle(
+        "apiserver/create-in-missing-namespace.json",
+        &json!({"namespace": missing, "request": configmap, "status": status}),
+        |pinned, now| {
+            let said = |v: &Value| {
+                let s = &v["status"];
+                (s["code"].clone(), s["reason"].clone(), s["details"].clone())
+            };
+            (said(pinned) == said(now))
+                .then_some(())
+                .ok_or_else(|| format!("{:?} became {:?}", said(pinned), said(now)))
+        },
+    );
     cleanup(c);
     report("fixtures: kube-scheduler and API server bodies match tests/fixtures");
 }

@@ -181,6 +181,23 @@ impl<'p, 'c> Journey<'p, 'c> {
             .as_str()
             .and_then(|a| PodAssignment::decode(a).ok())
             .unwrap_or_else(|| panic!("{step}: the extender's bind wrote no assignment: {pod}"));
+        // The limits the container gets, in its spec as the webhook wrote them (HAMi's names),
+        // the same as the device plugin's: the hook below says nothing.
+        let env: Vec<(&str, &str)> = pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+            .filter(|(n, _)| n.starts_with("CUDA_DEVICE_"))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("CUDA_DEVICE_MEMORY_LIMIT", "4096m"),
+                ("CUDA_DEVICE_SM_LIMIT", "30")
+            ],
+            "{step}: webhook /mutate did not write the limits into the spec"
+        );
         let slice = &assignment.containers[0].devices[0];
         assert_eq!(
             (slice.uuid.as_str(), slice.memory_mib, slice.cores),
@@ -481,7 +498,8 @@ impl<'p, 'c> Journey<'p, 'c> {
             plain["metadata"]["labels"][MANAGED_LABEL].is_null(),
             "{step}: {plain}"
         );
-        // A user's 2000 MiB reaches the webhook as "2k" (canonical form): no warning for it.
+        // A user's 2000 MiB reaches the webhook as "2k" (canonical form): no warning for it, and
+        // the spec shows the 2000 MiB limit.
         let mut round = slice_pod("round", 2000, 0);
         round["metadata"]["namespace"] = json!(NS_FREE);
         let warnings = c
@@ -491,7 +509,14 @@ impl<'p, 'c> Journey<'p, 'c> {
             !warnings.contains("Warning"),
             "{step}: kubectl create of gpumem 2000 warned: {warnings}"
         );
+        let pod = c.pod(NS_FREE, "round").unwrap_or_default();
+        assert_eq!(
+            pod["spec"]["containers"][0]["env"][1],
+            json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2000m"}),
+            "{step}: gpumem 2000 (\"2k\" at the webhook) in the spec: {pod}"
+        );
         c.delete(&["pod", "round", "-n", NS_FREE]);
+        self.tampered_environment_is_named_and_ignored(step);
         let gpu = slice_pod("elsewhere", 1024, 0);
         self.cluster()
             .create_in(NS_PLAIN, gpu)
@@ -516,6 +541,45 @@ impl<'p, 'c> Journey<'p, 'c> {
         );
 
         c.delete(&["pod", "elsewhere", "-n", NS_PLAIN]);
+    }
+
+    /// A tenant's ConfigMap behind `envFrom` (which no admission webhook sees) raises the memory
+    /// limit after admission: the container stays capped at its slice, and the hook says in one
+    /// line what it ignored.
+    fn tampered_environment_is_named_and_ignored(&self, step: &str) {
+        let c = self.cluster();
+        c.apply(
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "lift", "namespace": NS_FREE},
+                "data": {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g"}})
+            .to_string(),
+        );
+        let mut pod = probe_pod(
+            "tampered",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048"}),
+            &["direct", "init", "ctx:0", "alloc:2047m", "alloc:2m", "info"],
+        );
+        pod["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "lift"}}]);
+        c.create_in(NS_FREE, pod)
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let logs = c.logs_until(NS_FREE, "tampered", step, |l| l.starts_with("info ="));
+        for want in [
+            format!("alloc {} = 0", 2047 * MIB),
+            format!("alloc {} = 2", 2 * MIB),
+            format!("info = 0 free {} total {}", MIB, 2048 * MIB),
+        ] {
+            assert!(
+                logs.lines().any(|l| l == want),
+                "{step}: the hook under an envFrom of 80g: no line {want:?}:\n{logs}"
+            );
+        }
+        let complaints: Vec<&str> = logs.lines().filter(|l| l.starts_with("vgpu:")).collect();
+        assert_eq!(
+            complaints,
+            ["vgpu: ignoring CUDA_DEVICE_MEMORY_LIMIT_0=80g from the environment: the device plugin's limits file decides"],
+            "{step}: the hook's word on the changed environment:\n{logs}"
+        );
+        c.delete(&["pod", "tampered", "-n", NS_FREE]);
     }
 
     /// Step 6: HAMi's node annotation `hami.io/device-cordon` keeps new pods off the GPU (Pending,

@@ -190,6 +190,19 @@ impl<'c> Parts<'c> {
     /// at its host address.
     pub fn start_webhook(&mut self) {
         let kubeconfig = self.kubeconfig_for("vgpu-webhook");
+        let w = self.launch_webhook_with(&kubeconfig, NAMESPACE);
+        self.register_webhooks(w.addr);
+        self.webhook = Some(w);
+    }
+
+    /// A webhook beside the tier's, not registered with the API server: the chart's args with
+    /// `kubeconfig` (`None`: its own ServiceAccount's) and its ledgers in `ledger_namespace`.
+    pub fn side_webhook(&self, kubeconfig: Option<&Path>, ledger_namespace: &str) -> Webhook {
+        let own = self.kubeconfig_for("vgpu-webhook");
+        self.launch_webhook_with(kubeconfig.unwrap_or(&own), ledger_namespace)
+    }
+
+    fn launch_webhook_with(&self, kubeconfig: &Path, ledger_namespace: &str) -> Webhook {
         let config = self.config_file("vgpu-webhook");
         let mut args = without(
             args(
@@ -204,15 +217,13 @@ impl<'c> Parts<'c> {
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
             "--namespace".into(),
-            NAMESPACE.into(),
+            ledger_namespace.into(),
         ]);
         let (cert, key) = (
             self.tmp.path().join("tls.crt"),
             self.tmp.path().join("tls.key"),
         );
-        let w = launch_webhook(&cert, &key, &args, "127.0.0.1:0");
-        self.register_webhooks(w.addr);
-        self.webhook = Some(w);
+        launch_webhook(&cert, &key, &args, "127.0.0.1:0")
     }
 
     /// GET `path` over HTTPS from a part serving the tier's certificate (curl, trusting its CA).
@@ -225,6 +236,43 @@ impl<'c> Parts<'c> {
             .expect("curl");
         assert!(out.status.success(), "GET {path}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `method` `path` over HTTPS with a JSON `body` (empty: none) to a part serving the tier's
+    /// certificate: the HTTP status and the body, whatever the status.
+    pub fn https_call(
+        &self,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, String) {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+            "--cacert",
+        ])
+        .arg(self.tmp.path().join("ca.crt"));
+        let file = self.tmp.path().join("request.json");
+        if !body.is_empty() {
+            std::fs::write(&file, body).expect("write the request body");
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
+                .arg(format!("@{}", file.display()));
+        }
+        let out = cmd
+            .arg(format!("https://{addr}{path}"))
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "{method} {path}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
     /// Stops the webhook (its configurations stay: the API server then fails closed).

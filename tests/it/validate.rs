@@ -500,3 +500,20 @@ async fn api_down_fails_closed_only_where_a_vgpu_quota_applies() {
         true
     );
 }
+
+/// The API server's answer to a create in a namespace that does not exist (captured by the
+/// real-cluster tier) reads as a missing ledger namespace, not an outage.
+#[test]
+fn the_api_servers_answer_for_a_missing_namespace_reads_as_such() {
+    use vgpu_webhook::validate::ledger_namespace::LedgerFault;
+    let captured = vgpu_tests::fixtures::load("apiserver/create-in-missing-namespace.json");
+    let status: kube::core::Status =
+        serde_json::from_value(captured["status"].clone()).expect("a Status");
+    let namespace = captured["namespace"].as_str().expect("namespace");
+    let error = kube::Error::Api(status.boxed());
+    assert_eq!(
+        LedgerFault::of(&error, namespace),
+        Some(LedgerFault::Missing)
+    );
+    assert_eq!(LedgerFault::of(&error, "another"), None);
+}
