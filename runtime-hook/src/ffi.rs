@@ -1565,17 +1565,40 @@ alloc_export! {
     /// `cuMemAllocFromPoolAsync_ptsz`.
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
 }
-alloc_export! {
-    /// `cuMemCreate` (virtual memory management): physical memory on `prop->location.id`, charged by
-    /// the handle's size; mappings of it (cuMemMap) cost nothing more.
-    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> kind Handle,
-        device |h: &Hook| if prop.is_null() {
-            Err(CUDA_ERROR_INVALID_VALUE)
-        } else {
-            // SAFETY: checked non-null; a CUmemAllocationProp starts with these fields.
-            h.device_of(unsafe { (*prop.cast::<MemAllocationProp>()).location_id })
-        },
-        bytes size as u64;
+/// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h `CUmemLocationType`): the location's id is a device
+/// ordinal. The other types (`_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`) are the machine's RAM.
+const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+
+/// `cuMemCreate` (virtual memory management): physical memory at `prop->location`. On a device it
+/// is charged to that device by the handle's size (mappings of it, cuMemMap, cost nothing more);
+/// in host memory (NCCL's cuMem host buffers, HAMi-core#169) it is not the GPU's and passes through
+/// uncharged, so it neither fills the slice nor fails.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const c_void,
+    flags: u64,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemCreate);
+        if handle.is_null() || prop.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: checked non-null; a CUmemAllocationProp starts with these fields.
+        let location = unsafe { &*prop.cast::<MemAllocationProp>() };
+        if location.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { f(handle, size, prop, flags) };
+        }
+        let dev = h.device_of(location.location_id);
+        // SAFETY: forwarding the caller's arguments; `handle` is non-null and the driver wrote
+        // it when it returned success.
+        h.allocate(dev, size as u64, Kind::Handle, || unsafe {
+            cu(f(handle, size, prop, flags)).map(|()| *handle)
+        })
+    })
 }
 alloc_export! {
     /// `cuArrayCreate_v2`: charged width x height x channels x element size from the descriptor.

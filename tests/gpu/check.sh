@@ -3,6 +3,11 @@
 # CUDA build of PyTorch. Builds the hook, runs tests/gpu/check.py without it (baseline) and under it
 # with a 4 GiB memory limit and gpucores 100, 50, 25; prints what PyTorch saw (mem_get_info, whether a
 # 5 GiB allocation raised OOM, matmul throughput and its ratio to the baseline) and PASS/FAIL lines.
+# Then the real callers under a 1024 MiB slice: NVIDIA's cuda-bindings driver checks
+# (tests/python/driver_checks.py, also with the per-thread default stream) and nvidia-ml-py
+# (tests/python/nvml_checks.py), the CUDA runtime, CuPy, PyTorch's allocator with and without
+# expandable segments, and an NCCL all-reduce between two processes on the one GPU
+# (tests/gpu/callers.py). A caller whose package is missing is reported and skipped.
 # Exit status: 0 all passed, 1 a check failed, 2 the machine cannot run the check.
 #
 #   tests/gpu/check.sh            # from the repository root; MEASURE_S=5 sets the measured seconds
@@ -54,5 +59,48 @@ PY
   check "mem_get_info total is 4 GiB" "$(echo "$verdict" | awk '$1=="total"{print $2}')"
   check "5 GiB allocation raised OOM" "$(echo "$verdict" | awk '$1=="oom"{print $2}')"
   check "throughput ratio" "$(echo "$verdict" | awk '$1=="throughput"{print $2}')"
+done
+
+cap=1024
+caller_env=(LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_LIMIT=${cap}m)
+run_caller() { # name, command...: PASS/FAIL from the command's own lines and its exit status
+  local name=$1; shift
+  echo "$name:"
+  if out=$(env "${caller_env[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/acct-$name" "$@" 2>&1); then
+    echo "$out" | sed 's/^/  /'
+    echo "$out" | grep -q '^FAIL' && fail=1
+  else
+    echo "$out" | tail -20 | sed 's/^/  /'
+    echo "  FAIL $name (exit status)"; fail=1
+  fi
+}
+has() { python3 -c "import $1" 2>/dev/null || { echo "$2: SKIPPED (python3 cannot import $1)"; return 1; }; }
+
+if has cuda.bindings.driver cuda-bindings; then
+  run_caller driver python3 "$root/tests/python/driver_checks.py" $cap
+  caller_env+=(CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1)
+  run_caller driver-ptds python3 "$root/tests/python/driver_checks.py" $cap
+  unset 'caller_env[2]'
+  run_caller runtime python3 "$root/tests/gpu/callers.py" $cap runtime
+fi
+has pynvml nvidia-ml-py && run_caller nvml python3 "$root/tests/python/nvml_checks.py" $cap
+has cupy CuPy && run_caller cupy python3 "$root/tests/gpu/callers.py" $cap cupy
+run_caller torch python3 "$root/tests/gpu/callers.py" $cap torch
+caller_env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+run_caller torch-expandable python3 "$root/tests/gpu/callers.py" $cap torch
+unset 'caller_env[2]'
+# Two ranks on one GPU, each a process under the hook with its own slice; NCCL's cuMem paths
+# (device and host) go through the hook's cuMemCreate.
+echo "nccl (2 processes):"
+port=$((29500 + RANDOM % 1000))
+for r in 0 1; do
+  env "${caller_env[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/acct-nccl" MASTER_ADDR=127.0.0.1 \
+    MASTER_PORT=$port timeout 120 python3 "$root/tests/gpu/callers.py" $cap nccl-rank $r 2 \
+    >"$work/nccl-$r" 2>&1 &
+done
+wait || true
+for r in 0 1; do
+  sed 's/^/  /' "$work/nccl-$r" | tail -5
+  grep -q '^PASS' "$work/nccl-$r" || { echo "  FAIL nccl rank $r"; fail=1; }
 done
 exit $fail

@@ -262,7 +262,10 @@ int main(int argc, char **argv) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW);
         if (!lib) { printf("dlopen failed\n"); return 3; }
         f.init = lookup(mode, lib, "cuInit", "cuInit");
-        f.ctx = lookup(mode, lib, "cuCtxCreate", "cuCtxCreate_v2");
+        /* cuCtxCreate gained ABIs at 11.4 (_v3) and 12.5 (_v4): the driver hands out the newest one
+         * at or below the version asked, so a caller of the _v2 signature asks at 3.2
+         * (PFN_cuCtxCreate_v3020), as the CUDA programming guide's "Driver Entry Point Access" says. */
+        f.ctx = lookup_v(mode, lib, "cuCtxCreate", "cuCtxCreate_v2", 3020, 0);
         f.alloc = lookup(mode, lib, "cuMemAlloc", "cuMemAlloc_v2");
         f.free = lookup(mode, lib, "cuMemFree", "cuMemFree_v2");
         f.info = lookup(mode, lib, "cuMemGetInfo", "cuMemGetInfo_v2");

@@ -11,6 +11,7 @@ mod hook;
 mod hostile;
 mod images;
 mod metrics;
+mod python;
 mod scheduler;
 mod validate;
 mod webhook;

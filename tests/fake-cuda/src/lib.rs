@@ -12,6 +12,10 @@
 //!   one after another and a launch blocks while more than 2 ms of work is queued, so a program that
 //!   launches as fast as it can keeps the device 100 % busy. `fakeCudaGetBusyNs` reports the busy time
 //!   (the fake NVML turns it into utilization).
+//! - `FAKE_CUDA_DRIVER_VERSION`: what `cuDriverGetVersion` reports (`12090`, `13000`; default
+//!   12090, CUDA 12.9): the CUDA runtime refuses to start on a driver older than itself.
+//! - `FAKE_CUDA_TRACE`: set, every `cuGetProcAddress` lookup is printed to stderr with what it
+//!   found (how to see what a real caller asks of the driver).
 //! - `FAKE_CUDA_SHARED`: path of a file through which all processes using the fake keep a device-wide
 //!   total, and its peak, the way a real GPU's memory is shared by every process on it. Memory of a
 //!   process that died is released (the driver frees a process's allocations when it exits).
@@ -35,21 +39,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::OnceLock;
 
-type CUresult = c_int;
-type CUdevice = c_int;
-type CUdeviceptr = u64;
-type CUcontext = *mut c_void;
+mod device;
+mod streams;
+mod vmm;
 
-const CUDA_SUCCESS: CUresult = 0;
-const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub(crate) type CUresult = c_int;
+pub(crate) type CUdevice = c_int;
+type CUdeviceptr = u64;
+pub(crate) type CUcontext = *mut c_void;
+
+pub(crate) const CUDA_SUCCESS: CUresult = 0;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub(crate) const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub(crate) const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
-/// Version reported by `cuDriverGetVersion` (CUDA 12.4).
-const DRIVER_VERSION: c_int = 12040;
+/// Version `cuDriverGetVersion` reports without `FAKE_CUDA_DRIVER_VERSION` (CUDA 12.9).
+const DRIVER_VERSION: c_int = 12090;
+
+/// The version this driver claims: `FAKE_CUDA_DRIVER_VERSION`, else [`DRIVER_VERSION`].
+fn driver_version() -> c_int {
+    static VERSION: OnceLock<c_int> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        std::env::var("FAKE_CUDA_DRIVER_VERSION")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DRIVER_VERSION)
+    })
+}
 
 struct Device {
     total: u64,
@@ -63,7 +82,7 @@ struct Device {
     contexts: u64,
 }
 
-struct State {
+pub(crate) struct State {
     devices: Vec<Device>,
     /// Physical index of each visible ordinal (for the shared file).
     physical: Vec<usize>,
@@ -78,7 +97,7 @@ static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     /// The calling thread's current context: the visible ordinal it was created for.
-    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+    pub(crate) static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
 fn parse_state() -> Result<Mutex<State>, CUresult> {
@@ -125,7 +144,7 @@ fn parse_state() -> Result<Mutex<State>, CUresult> {
     }))
 }
 
-fn state() -> Result<MutexGuard<'static, State>, CUresult> {
+pub(crate) fn state() -> Result<MutexGuard<'static, State>, CUresult> {
     match STATE.get() {
         Some(Ok(m)) => Ok(m.lock()),
         Some(Err(e)) => Err(*e),
@@ -141,6 +160,7 @@ macro_rules! try_cu {
         }
     };
 }
+pub(crate) use try_cu;
 
 /// `cuInit`: "Initializes the driver API and must be called before any other function from the driver
 /// API"; flags must be 0 (CUDA_ERROR_INVALID_VALUE otherwise).
@@ -162,7 +182,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: checked non-null; the caller passes a writable int.
-    unsafe { *version = DRIVER_VERSION };
+    unsafe { *version = driver_version() };
     CUDA_SUCCESS
 }
 
@@ -194,7 +214,7 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
     CUDA_SUCCESS
 }
 
-fn device_index(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
+pub(crate) fn device_index(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
     if dev < 0 || dev as usize >= s.devices.len() {
         Err(CUDA_ERROR_INVALID_DEVICE)
     } else {
@@ -294,7 +314,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     CUDA_SUCCESS
 }
 
-fn current() -> Result<usize, CUresult> {
+pub(crate) fn current() -> Result<usize, CUresult> {
     CURRENT.with(|c| c.get()).ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
@@ -535,40 +555,47 @@ pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -
     free_ptr(dptr)
 }
 
-/// `CUmemAllocationProp` prefix: type, requested handle types, location {type, id}.
-#[repr(C)]
-struct MemAllocationProp {
-    kind: c_uint,
-    handle_types: c_uint,
-    location_type: c_uint,
-    location_id: c_int,
-}
-
-/// `cuMemCreate` (virtual memory management): physical memory on `prop->location.id`; the handle is
-/// the fake's allocation key.
+/// `cuMemCreate` (virtual memory management): "Create a CUmemGenericAllocationHandle representing
+/// a memory allocation of a given size described by the given properties"; physical memory on the
+/// device `prop->location.id` (counted there), or in host memory for the host location types
+/// (counted nowhere: NCCL's cuMem host buffers); the handle is the fake's allocation key.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(
     handle: *mut u64,
     size: usize,
-    prop: *const c_void,
+    prop: *const vmm::MemAllocationProp,
     _flags: u64,
 ) -> CUresult {
     if handle.is_null() || prop.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    // SAFETY: checked non-null; the caller passes a CUmemAllocationProp, which starts with these fields.
-    let dev = unsafe { (*(prop as *const MemAllocationProp)).location_id };
+    // SAFETY: checked non-null; the caller passes a CUmemAllocationProp.
+    let prop = unsafe { &*prop };
+    try_cu!(state().map(drop));
+    if try_cu!(vmm::is_host(prop)) {
+        // SAFETY: checked non-null.
+        return unsafe { write_ptr(handle, vmm::create_host(size as u64)) };
+    }
+    // "The size of the allocation must be a multiple of the granularity" (cuMemGetAllocationGranularity).
+    if !(size as u64).is_multiple_of(vmm::GRANULARITY) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     let d = {
         let s = try_cu!(state());
-        try_cu!(device_index(&s, dev))
+        try_cu!(device_index(&s, prop.location_id))
     };
     // SAFETY: checked non-null.
     unsafe { write_ptr(handle, alloc_on(d, size as u64)) }
 }
 
-/// `cuMemRelease`: releases a handle from cuMemCreate.
+/// `cuMemRelease`: "Release a memory handle representing a memory allocation which was previously
+/// allocated through cuMemCreate" (the fake returns the memory at once; the driver keeps it while
+/// mappings of it remain).
 #[no_mangle]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    if vmm::release_host(handle) {
+        return CUDA_SUCCESS;
+    }
     free_ptr(handle)
 }
 
@@ -1014,6 +1041,27 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
         "cuMemAllocFromPoolAsync",
         "cuMemFreeAsync",
     ];
+    // Later ABIs of a name, by the CUDA version that brought them (cuda.h's `#define`s of the
+    // versioned names): asked at that version or later, the driver hands out that entry, so an
+    // older one would be called with the wrong arguments. The fake exports none of these; asked
+    // for one, it answers "not found" rather than an entry of another ABI.
+    const LATER_ABI: &[(&str, c_int, &str)] = &[
+        ("cuCtxCreate", 11040, "_v3"),
+        ("cuCtxCreate", 12050, "_v4"),
+        ("cuStreamGetCaptureInfo", 11030, "_v2"),
+        ("cuStreamGetCaptureInfo", 12030, "_v3"),
+        ("cuGraphAddNode", 12030, "_v2"),
+        ("cuGraphGetEdges", 12030, "_v2"),
+        ("cuMemAdvise", 12020, "_v2"),
+        ("cuMemPrefetchAsync", 12020, "_v2"),
+    ];
+    if let Some((_, _, suffix)) = LATER_ABI
+        .iter()
+        .filter(|(n, since, _)| *n == name && version >= *since)
+        .max_by_key(|(_, since, _)| *since)
+    {
+        return own_symbol(&format!("{name}{suffix}"));
+    }
     let mut full = name.to_string();
     if V2.contains(&name) {
         if version >= 3020 {
@@ -1066,9 +1114,53 @@ fn proc_symbol(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
         "cuGraphLaunch_ptsz" => cuGraphLaunch_ptsz as *mut c_void,
         "cuGetProcAddress" => cuGetProcAddress as *mut c_void,
         "cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
-        _ => return None,
+        _ => return exported(name, version, flags),
     };
     Some(p)
+}
+
+/// Every other symbol: the entry this library exports under the name the driver would resolve
+/// `name` to: the per-thread-default-stream entry (`_ptsz`, or `_ptds` for copies and memsets)
+/// when `flags` asks for it, else the `_v2` ABI when there is one (all of the fake's `_v2` entries
+/// date from before CUDA 12.0), else the name itself.
+fn exported(name: &str, version: c_int, flags: u64) -> Option<*mut c_void> {
+    let mut candidates = Vec::new();
+    if flags & 2 != 0 {
+        for suffix in ["_v2_ptds", "_ptds", "_v2_ptsz", "_ptsz"] {
+            candidates.push(format!("{name}{suffix}"));
+        }
+    }
+    if version >= 3020 {
+        candidates.push(format!("{name}_v2"));
+    }
+    candidates.push(name.to_string());
+    candidates.into_iter().find_map(|c| own_symbol(&c))
+}
+
+/// `dlsym` in this library itself (not the process's first definition, which may be a preloaded
+/// hook's: the driver hands out its own entry points).
+fn own_symbol(name: &str) -> Option<*mut c_void> {
+    static SELF: OnceLock<usize> = OnceLock::new();
+    let handle = *SELF.get_or_init(|| {
+        // SAFETY: dladdr on one of our own functions (a private one: an exported name such as
+        // cuInit may resolve to a preloaded hook's); the name it returns lives while we are
+        // loaded, and dlopen with RTLD_NOLOAD only returns a handle to an object already loaded.
+        unsafe {
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            let anchor = own_symbol as fn(&str) -> Option<*mut c_void>;
+            if libc::dladdr(anchor as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
+                return 0;
+            }
+            libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD) as usize
+        }
+    });
+    if handle == 0 || !name.starts_with("cu") {
+        return None;
+    }
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a handle from dlopen and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle as *mut c_void, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
 }
 
 /// `cuGetProcAddress` (CUDA 11.3): "Returns the requested driver API function pointer" for `symbol`
@@ -1112,6 +1204,14 @@ unsafe fn proc_address(
     // SAFETY: checked non-null; the caller passes a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
     let found = proc_symbol(&name, version, flags);
+    if std::env::var_os("FAKE_CUDA_TRACE").is_some() {
+        let what = if found.is_some() {
+            "found"
+        } else {
+            "NOT FOUND"
+        };
+        eprintln!("fake-cuda: cuGetProcAddress {name} version {version} flags {flags}: {what}");
+    }
     // SAFETY: checked non-null (`status` only when non-null).
     unsafe {
         *pfn = found.unwrap_or(std::ptr::null_mut());

@@ -491,6 +491,16 @@ pub extern "C" fn nvmlInit() -> NvmlReturn {
     nvmlInit_v2()
 }
 
+/// `nvmlInitWithFlags` (nvml.h: "nvmlInitWithFlags is a variant of nvmlInit(), that allows passing
+/// a set of boolean values modifying the behaviour of nvmlInit()"): `NVML_INIT_FLAG_NO_GPUS` (1)
+/// lets it succeed without GPUs, `NVML_INIT_FLAG_NO_ATTACH` (2) skips attaching; the fake always
+/// has its GPUs and attaches nothing, so both change nothing. nvidia-ml-py's `nvmlInit()` calls
+/// this one.
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    nvmlInit_v2()
+}
+
 /// `nvmlShutdown`: the last shutdown of a reference-counted init releases the library.
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {

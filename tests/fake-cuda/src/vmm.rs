@@ -1,0 +1,240 @@
+//! The virtual memory management API (what PyTorch's expandable segments and NCCL's cuMem paths
+//! call): granularity, address reservations, mapping physical handles into them, access, and
+//! physical memory on the host. `cuMemCreate` and `cuMemRelease` live beside the other allocators
+//! in the crate root; this module keeps the address space and the host handles.
+
+use crate::{state, try_cu, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{c_int, c_uint};
+
+/// Allocation granularity, minimum and recommended: 2 MiB, what current NVIDIA GPUs report.
+pub const GRANULARITY: u64 = 2 << 20;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h `CUmemLocationType`): `id` is a device ordinal. The host
+/// types (`_HOST` 2, `_HOST_NUMA` 3, `_HOST_NUMA_CURRENT` 4) are memory in the machine's RAM.
+pub const LOCATION_DEVICE: c_uint = 1;
+const LOCATION_HOST: c_uint = 2;
+const LOCATION_HOST_NUMA_CURRENT: c_uint = 4;
+
+/// `CUmemAllocationProp` prefix: type, requested handle types, location {type, id}.
+#[repr(C)]
+pub struct MemAllocationProp {
+    pub kind: c_uint,
+    pub handle_types: c_uint,
+    pub location_type: c_uint,
+    pub location_id: c_int,
+}
+
+/// `CUmemAccessDesc`: location {type, id} and `CUmemAccess_flags`.
+#[repr(C)]
+pub struct MemAccessDesc {
+    pub location_type: c_uint,
+    pub location_id: c_int,
+    pub flags: c_uint,
+}
+
+#[derive(Default)]
+struct Space {
+    /// Next address to reserve from.
+    next: u64,
+    /// Reservations: start -> size.
+    reserved: BTreeMap<u64, u64>,
+    /// Mappings: start -> (size, handle).
+    mapped: BTreeMap<u64, (u64, u64)>,
+    /// Live handles of host memory (`cuMemCreate` at a host location).
+    host: HashSet<u64>,
+    next_host: u64,
+}
+
+static SPACE: Mutex<Option<Space>> = Mutex::new(None);
+
+fn space<R>(f: impl FnOnce(&mut Space) -> R) -> R {
+    let mut g = SPACE.lock();
+    let s = g.get_or_insert_with(|| Space {
+        next: 0x6000_0000_0000,
+        next_host: 0x4000_0000_0000,
+        ..Space::default()
+    });
+    f(s)
+}
+
+/// Whether `prop` names host memory; `Err` for a location type cuda.h does not define.
+pub fn is_host(prop: &MemAllocationProp) -> Result<bool, CUresult> {
+    match prop.location_type {
+        LOCATION_DEVICE => Ok(false),
+        LOCATION_HOST..=LOCATION_HOST_NUMA_CURRENT => Ok(true),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// A handle of `size` bytes of host memory ("size must be aligned to the granularity").
+pub fn create_host(size: u64) -> Result<u64, CUresult> {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(space(|s| {
+        s.next_host += size.max(GRANULARITY);
+        s.host.insert(s.next_host);
+        s.next_host
+    }))
+}
+
+/// Releases a host handle; `false` when `handle` is none.
+pub fn release_host(handle: u64) -> bool {
+    space(|s| s.host.remove(&handle))
+}
+
+fn handle_live(handle: u64) -> bool {
+    space(|s| s.host.contains(&handle))
+        || state().is_ok_and(|st| st.allocations.contains_key(&handle))
+}
+
+/// `cuMemGetAllocationGranularity`: "Calculates either the minimal or recommended granularity"
+/// for an allocation with `prop`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const MemAllocationProp,
+    _option: c_uint,
+) -> CUresult {
+    let _s = try_cu!(state());
+    if granularity.is_null() || prop.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a CUmemAllocationProp.
+    try_cu!(is_host(unsafe { &*prop }));
+    // SAFETY: checked non-null.
+    unsafe { *granularity = GRANULARITY as usize };
+    CUDA_SUCCESS
+}
+
+/// `cuMemAddressReserve`: "Reserves a virtual address range" of `size` bytes ("size must be a
+/// multiple of the host page size" and, to be mapped, of the granularity), aligned to
+/// `alignment` (0: the granularity); the requested `addr` is a hint the fake ignores.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut u64,
+    size: usize,
+    alignment: usize,
+    _addr: u64,
+    _flags: u64,
+) -> CUresult {
+    let _s = try_cu!(state());
+    let size = size as u64;
+    if ptr.is_null() || size == 0 || !size.is_multiple_of(GRANULARITY) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let align = (alignment as u64).max(GRANULARITY);
+    if !align.is_power_of_two() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let at = space(|s| {
+        let at = s.next.div_ceil(align) * align;
+        s.next = at + size + GRANULARITY;
+        s.reserved.insert(at, size);
+        at
+    });
+    // SAFETY: checked non-null.
+    unsafe { *ptr = at };
+    CUDA_SUCCESS
+}
+
+/// `cuMemAddressFree`: "Frees a virtual address range reserved by cuMemAddressReserve. The size
+/// must match what was given to cuMemAddressReserve."
+#[no_mangle]
+pub extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> CUresult {
+    let _s = try_cu!(state());
+    space(|s| match s.reserved.get(&ptr) {
+        Some(&n) if n == size as u64 => {
+            s.reserved.remove(&ptr);
+            CUDA_SUCCESS
+        }
+        _ => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+/// Whether `[ptr, ptr + size)` lies in one reservation.
+fn inside_reservation(s: &Space, ptr: u64, size: u64) -> bool {
+    s.reserved
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(&at, &n)| ptr + size <= at + n)
+}
+
+/// `cuMemMap`: "Maps an allocation handle to a reserved virtual address range"; `offset` "currently
+/// unused, must be zero", `flags` "for future use, must be zero"; the range must lie in a
+/// reservation and not overlap another mapping.
+#[no_mangle]
+pub extern "C" fn cuMemMap(
+    ptr: u64,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    try_cu!(state().map(drop));
+    let size = size as u64;
+    if size == 0
+        || !size.is_multiple_of(GRANULARITY)
+        || offset != 0
+        || flags != 0
+        || !handle_live(handle)
+    {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    space(|s| {
+        let overlaps = s
+            .mapped
+            .range(..ptr + size)
+            .next_back()
+            .is_some_and(|(&at, &(n, _))| at + n > ptr);
+        if overlaps || !inside_reservation(s, ptr, size) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        s.mapped.insert(ptr, (size, handle));
+        CUDA_SUCCESS
+    })
+}
+
+/// `cuMemUnmap`: "Unmap the backing memory of a given address range"; the range must be one that
+/// was mapped.
+#[no_mangle]
+pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CUresult {
+    let _s = try_cu!(state());
+    space(|s| match s.mapped.get(&ptr) {
+        Some(&(n, _)) if n == size as u64 => {
+            s.mapped.remove(&ptr);
+            CUDA_SUCCESS
+        }
+        _ => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+/// `cuMemSetAccess`: "Set the access flags for each location specified in desc for the given
+/// virtual address range"; the range must be mapped.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: u64,
+    size: usize,
+    desc: *const MemAccessDesc,
+    count: usize,
+) -> CUresult {
+    let _s = try_cu!(state());
+    if desc.is_null() || count == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let size = size as u64;
+    space(|s| {
+        let covered = s
+            .mapped
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&at, &(n, _))| ptr + size <= at + n);
+        if covered {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
+        }
+    })
+}

@@ -1,0 +1,192 @@
+//! Real CUDA user space from PyPI through `libvgpu.so`: NVIDIA's `cuda-bindings` (12.9 and 13.x,
+//! the driver and runtime modules) and `nvidia-ml-py`, over the fake `libcuda.so.1` and
+//! `libnvidia-ml.so.1`. The Python side is `tests/python/*.py`; each check prints `ok NAME`.
+//!
+//! The interpreters are virtual environments `.ci/install-tools` makes (`.ci/tools/cuda12`,
+//! `.ci/tools/cuda13`), or `$VGPU_PYTHON_CUDA12` / `$VGPU_PYTHON_CUDA13`. Without them the tests say
+//! SKIPPED and pass, unless `VGPU_REQUIRE_PYTHON` is set (CI): then a missing interpreter, like a
+//! missing entry point in the fakes, is a failure.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The slice every check runs under, MiB.
+const CAP_MIB: u64 = 1024;
+
+/// A CUDA major version's interpreter and the driver version the fake then claims.
+struct Python {
+    exe: PathBuf,
+    driver_version: &'static str,
+}
+
+fn python(major: u32) -> Option<Python> {
+    let exe = std::env::var_os(format!("VGPU_PYTHON_CUDA{major}"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            vgpu_tests::repo_root().join(format!(".ci/tools/cuda{major}/bin/python"))
+        });
+    if !exe.exists() {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_PYTHON").is_none(),
+            "VGPU_REQUIRE_PYTHON is set but {} does not exist; run .ci/install-tools",
+            exe.display()
+        );
+        eprintln!(
+            "SKIPPED: no Python with cuda-bindings {major} ({}); run .ci/install-tools",
+            exe.display()
+        );
+        return None;
+    }
+    let driver_version = if major >= 13 { "13000" } else { "12090" };
+    Some(Python {
+        exe,
+        driver_version,
+    })
+}
+
+/// A directory with the fakes as the driver's and NVML's sonames, and the hook.
+struct Fakes {
+    dir: tempfile::TempDir,
+    hook: PathBuf,
+}
+
+impl Fakes {
+    fn new() -> Fakes {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (lib, soname) in [
+            ("fake_cuda", "libcuda.so.1"),
+            ("fake_nvml", "libnvidia-ml.so.1"),
+        ] {
+            std::fs::copy(vgpu_tests::cdylib(lib), dir.path().join(soname)).expect("copy fake");
+        }
+        Fakes {
+            dir,
+            hook: vgpu_tests::cdylib("vgpu"),
+        }
+    }
+
+    /// Runs `script` under the hook with the slice: its stdout and stderr, or a panic naming the
+    /// check that failed (the script's traceback).
+    fn run(&self, py: &Python, script: &str, vars: &[(&str, &str)]) -> (String, String) {
+        let cache = self
+            .dir
+            .path()
+            .join(format!("acct-{script}-{}/vgpu.cache", vars.len()));
+        let mut cmd = Command::new(&py.exe);
+        cmd.arg(script_path(script))
+            .arg(CAP_MIB.to_string())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", self.dir.path())
+            .env("LD_PRELOAD", &self.hook)
+            .env("FAKE_CUDA_DRIVER_VERSION", py.driver_version)
+            .env("CUDA_DEVICE_MEMORY_LIMIT", format!("{CAP_MIB}m"))
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "{script} under {} ({vars:?}) failed after:\n{stdout}\n{stderr}",
+            py.exe.display()
+        );
+        (stdout, stderr)
+    }
+}
+
+fn script_path(name: &str) -> PathBuf {
+    vgpu_tests::repo_root().join("tests/python").join(name)
+}
+
+fn assert_checks(stdout: &str, want: &[&str], what: &str) {
+    let done: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ok "))
+        .collect();
+    assert_eq!(done, want, "{what}: the checks that passed");
+}
+
+const DRIVER_CHECKS: &[&str] = &[
+    "init",
+    "device",
+    "cuMemAlloc",
+    "streams",
+    "cuMemAllocAsync",
+    "vmm-device",
+    "vmm-host",
+    "managed",
+];
+
+fn driver_api_is_capped_on_every_path(major: u32) {
+    let Some(py) = python(major) else {
+        return;
+    };
+    let fakes = Fakes::new();
+    for vars in [
+        &[][..],
+        // cuda-bindings then asks cuGetProcAddress for the per-thread default stream entries.
+        &[("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "1")][..],
+    ] {
+        let (stdout, stderr) = fakes.run(&py, "driver_checks.py", vars);
+        assert_checks(
+            &stdout,
+            DRIVER_CHECKS,
+            &format!("cuda-bindings {major} {vars:?}"),
+        );
+        assert!(
+            !stderr.contains("vgpu:"),
+            "cuda-bindings {major}: the hook complained:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn cuda_bindings_12_driver_api_is_capped_on_every_path() {
+    driver_api_is_capped_on_every_path(12);
+}
+
+#[test]
+fn cuda_bindings_13_driver_api_is_capped_on_every_path() {
+    driver_api_is_capped_on_every_path(13);
+}
+
+#[test]
+fn nvidia_ml_py_reports_the_slice() {
+    let Some(py) = python(12) else {
+        return;
+    };
+    let (stdout, _) = Fakes::new().run(&py, "nvml_checks.py", &[]);
+    assert_checks(&stdout, &["nvml-init", "nvml-memory"], "nvidia-ml-py");
+}
+
+/// The CUDA runtime (cudart, linked into cuda-bindings' runtime module as into CuPy and PyTorch)
+/// asks the driver at start for two internal function tables by UUID (`cuGetExportTable`,
+/// undocumented), which the fake cannot provide: it stops there, before any allocation. This pins
+/// exactly what it asks, so a change in cudart shows here; on a real GPU `tests/gpu/check.sh` runs
+/// the runtime through the hook.
+#[test]
+fn the_cuda_runtime_stops_at_the_undocumented_export_tables() {
+    for major in [12, 13] {
+        let Some(py) = python(major) else {
+            continue;
+        };
+        let (stdout, stderr) =
+            Fakes::new().run(&py, "runtime_checks.py", &[("FAKE_CUDA_TRACE", "1")]);
+        assert_checks(&stdout, &["runtime-stops-at-export-tables"], "cudart");
+        let asked: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix("fake-cuda: cuGetExportTable "))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
+                "6bd5fb6c5bf4e74a8987d93912fd9df9: NOT PROVIDED"
+            ],
+            "cudart {major}: the export tables it asks for"
+        );
+    }
+}

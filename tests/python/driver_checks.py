@@ -1,0 +1,127 @@
+"""NVIDIA's cuda-bindings driver module (from PyPI) through libvgpu.so: what a real caller sees of
+its slice on every allocation path it takes. Run by tests/it/python.rs under the hook, over the
+fake libcuda, and by tests/gpu/check.sh over a real driver, with a memory limit of CAP_MIB; prints `ok NAME` per check, raises on the first
+failure (the traceback names it).
+
+usage: driver_checks.py CAP_MIB
+"""
+import os
+import sys
+
+from cuda.bindings import driver as cu
+
+MIB = 1 << 20
+CAP = int(sys.argv[1]) * MIB
+R = cu.CUresult
+
+
+def call(result, want=R.CUDA_SUCCESS):
+    """The values of a cuda-bindings call, after checking its CUresult is `want`."""
+    err, *values = result
+    assert err == want, f"{err!r}, expected {want!r}"
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def ok(name):
+    print("ok", name, flush=True)
+
+
+def free_bytes():
+    free, total = call(cu.cuMemGetInfo())
+    assert total == CAP, f"cuMemGetInfo total {total}, the slice is {CAP}"
+    return free
+
+
+call(cu.cuInit(0))
+# Over the fake, the version it was told to claim; on a real GPU (tests/gpu/check.sh) the driver's.
+version = call(cu.cuDriverGetVersion())
+want = os.environ.get("FAKE_CUDA_DRIVER_VERSION")
+assert version == int(want) if want else version >= 12000, version
+dev = call(cu.cuDeviceGet(0))
+ctx = call(cu.cuDevicePrimaryCtxRetain(dev))
+call(cu.cuCtxSetCurrent(ctx))
+assert int(call(cu.cuCtxGetCurrent())) == int(ctx)
+ok("init")
+
+name = call(cu.cuDeviceGetName(64, dev))
+assert name.split(b"\0")[0], name
+attr = cu.CUdevice_attribute
+assert call(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) >= 7
+assert call(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)) == 1
+assert call(cu.cuDeviceTotalMem(dev)) == CAP, "cuDeviceTotalMem shows the slice"
+assert free_bytes() == CAP
+ok("device")
+
+# Linear memory: the slice and not a byte more.
+big = call(cu.cuMemAlloc(CAP - 100 * MIB))
+call(cu.cuMemAlloc(200 * MIB), R.CUDA_ERROR_OUT_OF_MEMORY)
+assert free_bytes() == 100 * MIB
+call(cu.cuMemFree(big))
+assert free_bytes() == CAP
+ok("cuMemAlloc")
+
+# Streams and events.
+stream = call(cu.cuStreamCreate(0))
+start = call(cu.cuEventCreate(0))
+end = call(cu.cuEventCreate(0))
+call(cu.cuEventRecord(start, stream))
+call(cu.cuEventRecord(end, stream))
+call(cu.cuStreamSynchronize(stream))
+assert call(cu.cuEventElapsedTime(start, end)) >= 0.0
+call(cu.cuEventDestroy(start))
+call(cu.cuEventDestroy(end))
+ok("streams")
+
+# Stream-ordered allocation: charged when made, credited when freed.
+p = call(cu.cuMemAllocAsync(CAP - 24 * MIB, stream))
+call(cu.cuMemAllocAsync(100 * MIB, stream), R.CUDA_ERROR_OUT_OF_MEMORY)
+assert free_bytes() == 24 * MIB
+call(cu.cuMemFreeAsync(p, stream))
+call(cu.cuStreamSynchronize(stream))
+assert free_bytes() == CAP
+call(cu.cuStreamDestroy(stream))
+call(cu.cuStreamSynchronize(stream), R.CUDA_ERROR_INVALID_HANDLE)
+ok("cuMemAllocAsync")
+
+# Virtual memory management on the device: charged by the handle, capped.
+prop = cu.CUmemAllocationProp()
+prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+gran = call(cu.cuMemGetAllocationGranularity(
+    prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+assert gran > 0 and CAP % gran == 0, gran
+size = CAP // 2 + gran
+handle = call(cu.cuMemCreate(size, prop, 0))
+call(cu.cuMemCreate(size, prop, 0), R.CUDA_ERROR_OUT_OF_MEMORY)
+va = call(cu.cuMemAddressReserve(2 * size, 0, 0, 0))
+call(cu.cuMemMap(va, size, 0, handle, 0))
+access = cu.CUmemAccessDesc()
+access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+access.location.id = 0
+access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+call(cu.cuMemSetAccess(va, size, [access], 1))
+assert free_bytes() == CAP - size
+call(cu.cuMemUnmap(va, size))
+call(cu.cuMemRelease(handle))
+call(cu.cuMemAddressFree(va, 2 * size))
+assert free_bytes() == CAP
+ok("vmm-device")
+
+# Host memory through the same API (NCCL's cuMem host path): not the GPU's, never charged.
+host = cu.CUmemAllocationProp()
+host.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+host.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
+host.location.id = 0
+h = call(cu.cuMemCreate(2 * CAP, host, 0))
+assert free_bytes() == CAP, "host memory was charged to the GPU slice"
+call(cu.cuMemRelease(h))
+ok("vmm-host")
+
+# Managed memory counts against the slice as well.
+m = call(cu.cuMemAllocManaged(CAP - 10 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+call(cu.cuMemAllocManaged(20 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value), R.CUDA_ERROR_OUT_OF_MEMORY)
+call(cu.cuMemFree(m))
+ok("managed")
