@@ -25,6 +25,8 @@ const MIB: u64 = 1 << 20;
 pub struct Journey<'p, 'c> {
     /// The running parts.
     pub parts: &'p mut Parts<'c>,
+    /// Whether the Python image (`crate::image::PYTHON_IMAGE`) was built and imported.
+    pub python_image: bool,
 }
 
 /// A pod that meets Pod Security `restricted` (non-root, no privilege escalation, all capabilities
@@ -88,7 +90,10 @@ pub fn plain_pod(name: &str) -> Value {
 impl<'p, 'c> Journey<'p, 'c> {
     /// A journey over started parts, with fresh namespaces.
     pub fn new(parts: &'p mut Parts<'c>) -> Journey<'p, 'c> {
-        let j = Journey { parts };
+        let j = Journey {
+            parts,
+            python_image: false,
+        };
         j.cleanup();
         let c = j.cluster();
         c.apply(
@@ -517,6 +522,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         );
         c.delete(&["pod", "round", "-n", NS_FREE]);
         self.tampered_environment_is_named_and_ignored(step);
+        self.real_cuda_user_space_runs_capped(step);
         let gpu = slice_pod("elsewhere", 1024, 0);
         self.cluster()
             .create_in(NS_PLAIN, gpu)
@@ -580,6 +586,72 @@ impl<'p, 'c> Journey<'p, 'c> {
             "{step}: the hook's word on the changed environment:\n{logs}"
         );
         c.delete(&["pod", "tampered", "-n", NS_FREE]);
+    }
+
+    /// NVIDIA's `cuda-bindings` (driver module) and `nvidia-ml-py` from PyPI, in a container the
+    /// device plugin set up: every allocation path they take (`tests/python/driver_checks.py`:
+    /// linear, stream-ordered, VMM on the device and in host memory, managed) is capped at the
+    /// container's 2048 MiB, and NVML reports the slice (`nvml_checks.py`); the hook says nothing.
+    fn real_cuda_user_space_runs_capped(&self, step: &str) {
+        if !self.python_image {
+            return;
+        }
+        let c = self.cluster();
+        let container = |name: &str, script: &str| {
+            json!({"name": name, "image": crate::image::PYTHON_IMAGE, "imagePullPolicy": "Never",
+                "args": [format!("{}/{script}", crate::image::CHECKS_DIR), "2048"],
+                "env": [{"name": "FAKE_CUDA_DEVICE_MEMORY", "value": "24g"}],
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}},
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048"}}})
+        };
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cuda-python"},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 1000,
+                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [container("driver", "driver_checks.py"),
+                    container("nvml", "nvml_checks.py")]}});
+        c.create_in(NS_FREE, pod)
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let phase = vgpu_tests::wait_for(WAIT, &format!("{step}: cuda-python to finish"), || {
+            let pod = c.pod(NS_FREE, "cuda-python")?;
+            let phase = pod["status"]["phase"].as_str()?.to_string();
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        });
+        for (name, want) in [
+            (
+                "driver",
+                &[
+                    "init",
+                    "device",
+                    "cuMemAlloc",
+                    "streams",
+                    "cuMemAllocAsync",
+                    "vmm-device",
+                    "vmm-host",
+                    "managed",
+                ][..],
+            ),
+            ("nvml", &["nvml-init", "nvml-memory"][..]),
+        ] {
+            let logs = c
+                .kubectl(&["logs", "cuda-python", "-c", name, "-n", NS_FREE])
+                .unwrap_or_else(|e| e);
+            let done: Vec<&str> = logs.lines().filter_map(|l| l.strip_prefix("ok ")).collect();
+            assert_eq!(
+                done, want,
+                "{step}: cuda-python container {name} (pod {phase}) under the device plugin's 2048 MiB:\n{logs}"
+            );
+            assert!(
+                !logs.contains("vgpu:"),
+                "{step}: the hook complained in container {name}:\n{logs}"
+            );
+        }
+        assert_eq!(phase, "Succeeded", "{step}: cuda-python");
+        crate::report(
+            "real CUDA user space: cuda-bindings 12.9 and nvidia-ml-py capped at 2048 MiB in a pod",
+        );
+        c.delete(&["pod", "cuda-python", "-n", NS_FREE]);
     }
 
     /// Step 6: HAMi's node annotation `hami.io/device-cordon` keeps new pods off the GPU (Pending,

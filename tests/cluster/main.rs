@@ -52,6 +52,7 @@ fn real_cluster() {
         .tempdir()
         .expect("tempdir");
     image::build_and_import(work.path());
+    let python_image = image::build_and_import_python(work.path()).is_some();
     {
         // The parts as host processes, then (dropped) gone before the Helm install.
         let mut parts = parts::Parts::prepare(&cluster);
@@ -59,6 +60,7 @@ fn real_cluster() {
         parts.start_scheduler();
         parts.start_webhook();
         let mut j = journey::Journey::new(&mut parts);
+        j.python_image = python_image;
         j.run();
         faults::run(&mut j);
         j.cleanup();
