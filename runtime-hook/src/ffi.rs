@@ -361,32 +361,47 @@ fn nvml_device(d: usize) -> Option<(&'static NvmlReal, *mut c_void)> {
     (unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS).then_some((nv, handle))
 }
 
-/// Pids NVML lists as compute processes of a device (host pids), `None` when it cannot say.
-fn compute_pids(nv: &NvmlReal, handle: *mut c_void) -> Option<Vec<u32>> {
-    let f = nv
-        .nvmlDeviceGetComputeRunningProcesses_v3
-        .or(nv.nvmlDeviceGetComputeRunningProcesses_v2)?;
+/// An `nvmlDeviceGetComputeRunningProcesses_v3`/`_v2` entry point.
+type ProcessesFn = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> c_int;
+
+/// Every process NVML lists through `f` for a device, or NVML's error.
+fn all_processes(f: ProcessesFn, handle: *mut c_void) -> Result<Vec<ProcessInfo>, c_int> {
     // Processes may start between the two calls: ask for room to spare, and again once if short.
     let mut cap: c_uint = 0;
     // SAFETY: a zero count with a null buffer asks for the count, as NVML documents.
     let r = unsafe { f(handle, &mut cap, std::ptr::null_mut()) };
     if r == CUDA_SUCCESS {
-        return Some(Vec::new());
+        return Ok(Vec::new());
     }
+    let mut last = r;
     for _ in 0..2 {
-        if r != NVML_ERROR_INSUFFICIENT_SIZE && r != CUDA_SUCCESS {
-            return None;
+        if last != NVML_ERROR_INSUFFICIENT_SIZE {
+            return Err(last);
         }
         let mut n = cap.saturating_add(16);
         let mut buf = vec![ProcessInfo::default(); n as usize];
         // SAFETY: a buffer of `n` entries and its size.
-        match unsafe { f(handle, &mut n, buf.as_mut_ptr()) } {
-            CUDA_SUCCESS => return Some(buf.iter().take(n as usize).map(|p| p.pid).collect()),
+        last = unsafe { f(handle, &mut n, buf.as_mut_ptr()) };
+        match last {
+            CUDA_SUCCESS => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
             NVML_ERROR_INSUFFICIENT_SIZE => cap = n,
-            _ => return None,
+            _ => {}
         }
     }
-    None
+    Err(last)
+}
+
+/// Pids NVML lists as compute processes of a device (host pids), `None` when it cannot say.
+fn compute_pids(nv: &NvmlReal, handle: *mut c_void) -> Option<Vec<u32>> {
+    let f = nv
+        .nvmlDeviceGetComputeRunningProcesses_v3
+        .or(nv.nvmlDeviceGetComputeRunningProcesses_v2)?;
+    all_processes(f, handle)
+        .ok()
+        .map(|v| v.iter().map(|p| p.pid).collect())
 }
 
 /// Learns this process's pid as NVML reports it, HAMi-core's way: NVML reports host pids, which
@@ -1825,6 +1840,78 @@ fn nvml_view(nv: &NvmlReal, device: *mut c_void) -> Option<(u64, u64)> {
     Some((limit, used))
 }
 
+/// The compute processes of a vGPU device as its container may see them: NVML lists every process
+/// with a context on the GPU, other tenants' too (their host pids and memory); on a device with a
+/// limit the list keeps only the pids the accounting file knows as the container's (its processes'
+/// own pids, and the host pids learnt for them), so `nvidia-smi` and monitoring tools in the pod
+/// show its own processes. Elsewhere NVML's answer passes through. The count follows NVML's
+/// contract: `*count` in, the buffer's size; out, the number of processes;
+/// `NVML_ERROR_INSUFFICIENT_SIZE` with the count when the buffer is too small.
+unsafe fn container_processes(
+    f: Option<ProcessesFn>,
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_int {
+    let Some(nv) = nvml() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    let Some(f) = f else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    let mine = match (count.is_null(), nvml_view(nv, device), hook()) {
+        (false, Some(_), Ok(h)) => h.ledger.pids(),
+        // SAFETY: forwarding the caller's arguments.
+        _ => return unsafe { f(device, count, infos) },
+    };
+    let kept: Vec<ProcessInfo> = match all_processes(f, device) {
+        Ok(all) => all.into_iter().filter(|p| mine.contains(&p.pid)).collect(),
+        Err(e) => return e,
+    };
+    // SAFETY: `count` checked non-null; `infos` holds `*count` entries when non-null (NVML's
+    // contract with the caller).
+    unsafe {
+        if (*count as usize) < kept.len() || (infos.is_null() && !kept.is_empty()) {
+            *count = kept.len() as c_uint;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        if !kept.is_empty() {
+            std::ptr::copy_nonoverlapping(kept.as_ptr(), infos, kept.len());
+        }
+        *count = kept.len() as c_uint;
+    }
+    CUDA_SUCCESS
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: the container's processes only
+/// ([`container_processes`]).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_int {
+    boundary(|| {
+        let f = nvml().and_then(|nv| nv.nvmlDeviceGetComputeRunningProcesses_v3);
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { container_processes(f, device, count, infos) }
+    })
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2` (the same `nvmlProcessInfo_t` layout), as `_v3`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> c_int {
+    boundary(|| {
+        let f = nvml().and_then(|nv| nv.nvmlDeviceGetComputeRunningProcesses_v2);
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { container_processes(f, device, count, infos) }
+    })
+}
+
 /// `nvmlDeviceGetMemoryInfo`: with a memory limit, total = limit, used = the container's usage,
 /// free = limit - usage (never above the real free), so nvidia-smi in the pod shows the slice.
 #[cfg_attr(not(test), no_mangle)]
@@ -1932,6 +2019,8 @@ wrappers![
     cuGetProcAddress_v2,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
+    nvmlDeviceGetComputeRunningProcesses_v3,
+    nvmlDeviceGetComputeRunningProcesses_v2,
 ];
 
 /// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory and

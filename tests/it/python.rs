@@ -158,8 +158,17 @@ fn nvidia_ml_py_reports_the_slice() {
     let Some(py) = python(12) else {
         return;
     };
-    let (stdout, _) = Fakes::new().run(&py, "nvml_checks.py", &[]);
-    assert_checks(&stdout, &["nvml-init", "nvml-memory"], "nvidia-ml-py");
+    // Another tenant's process on the GPU: NVML lists it, the container must not see it.
+    let (stdout, _) = Fakes::new().run(
+        &py,
+        "nvml_checks.py",
+        &[("FAKE_NVML_CONFIG", r#"{"otherTenantUtilization": 10}"#)],
+    );
+    assert_checks(
+        &stdout,
+        &["nvml-init", "nvml-memory", "nvml-processes"],
+        "nvidia-ml-py",
+    );
 }
 
 /// The CUDA runtime (cudart, linked into cuda-bindings' runtime module as into CuPy and PyTorch)

@@ -6,6 +6,7 @@ driver, with a memory limit of CAP_MIB; prints
 
 usage: nvml_checks.py CAP_MIB
 """
+import os
 import sys
 
 import pynvml as nvml
@@ -40,6 +41,12 @@ assert (v1.total, v1.used, v1.free) == (CAP, 256 * MIB, CAP - 256 * MIB), (v1.to
 v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
 assert (v2.total, v2.used, v2.free) == (CAP, 256 * MIB, CAP - 256 * MIB), (v2.total, v2.used, v2.free)
 ok("nvml-memory")
+
+# Process lists: with another tenant on the GPU (the fake's `otherTenantUtilization`, as
+# tests/it/python.rs configures it), only this container's processes are listed.
+procs = [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]  # _v3
+assert procs == [os.getpid()], f"processes listed {procs}, this process is {os.getpid()}"
+ok("nvml-processes")
 
 cu.cuMemFree(p)
 nvml.nvmlShutdown()
