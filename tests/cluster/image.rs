@@ -159,20 +159,18 @@ pub fn build_and_import_python(work: &Path) -> Option<()> {
     let modules = sh(Command::new("find")
         .arg(&root)
         .args(["-name", "*.so", "-o", "-name", "*.so.*"]));
-    // And what packages open by name at run time (cuda-pathfinder dlopens libdl through ctypes).
-    for lib in ["libdl.so.2"] {
-        let path = sh(Command::new("sh").arg("-c").arg(format!(
-            "ldconfig -p | awk '$1 == \"{lib}\" && /x86-64/ {{print $NF; exit}}'"
-        )));
-        let path = path.trim();
-        assert!(
-            !path.is_empty(),
-            "python image: ldconfig does not know {lib}"
-        );
-        let to = root.join(path.trim_start_matches('/'));
-        std::fs::create_dir_all(to.parent().expect("lib dir")).expect("mkdir lib dir");
-        std::fs::copy(path, &to).expect("copy a dlopened library");
-    }
+    // And what a package opens by name at run time: cuda-pathfinder dlopens libdl through ctypes.
+    let libdl = sh(Command::new("sh")
+        .arg("-c")
+        .arg(r#"ldconfig -p | awk '$1 == "libdl.so.2" && /x86-64/ {print $NF; exit}'"#));
+    let libdl = libdl.trim();
+    assert!(
+        !libdl.is_empty(),
+        "python image: ldconfig does not know libdl.so.2"
+    );
+    let to = root.join(libdl.trim_start_matches('/'));
+    std::fs::create_dir_all(to.parent().expect("lib dir")).expect("mkdir lib dir");
+    std::fs::copy(libdl, &to).expect("copy libdl");
     let mut needs: Vec<String> = modules.lines().map(String::from).collect();
     needs.push(bin.display().to_string());
     needs.push(vgpu_tests::cdylib("vgpu").display().to_string());
