@@ -627,12 +627,13 @@ impl<'p, 'c> Journey<'p, 'c> {
                     "cuMemAlloc",
                     "streams",
                     "cuMemAllocAsync",
+                    "pools",
                     "vmm-device",
                     "vmm-host",
                     "managed",
                 ][..],
             ),
-            ("nvml", &["nvml-init", "nvml-memory"][..]),
+            ("nvml", &["nvml-init", "nvml-memory", "nvml-processes"][..]),
         ] {
             let logs = c
                 .kubectl(&["logs", "cuda-python", "-c", name, "-n", NS_FREE])

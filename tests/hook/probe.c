@@ -51,6 +51,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, void *, void *);
 CUresult cuMemCreate(unsigned long long *, size_t, const alloc_prop *, unsigned long long);
+CUresult cuDeviceGetDefaultMemPool(void **, int);
+CUresult cuCtxGetDevice(int *);
 CUresult cuMemRelease(unsigned long long);
 CUresult cuArrayCreate_v2(void **, const array_desc *);
 CUresult cuArray3DCreate_v2(void **, const array3d_desc *);
@@ -364,9 +366,15 @@ int main(int argc, char **argv) {
             CUdeviceptr p = 0;
             CUresult r;
             unsigned long long b = bytes_arg(strchr(a, ':') + 1);
+            /* Pool allocations come from the current device's default pool (a pool handle is
+             * required: "hPool: The pool to allocate from"). */
+            int dev = 0;
+            void *pool = NULL;
+            cuCtxGetDevice(&dev);
+            cuDeviceGetDefaultMemPool(&pool, dev);
             if (a[0] == 'm') r = g.managed(&p, b, 1);
-            else if (!strncmp(a, "poolp:", 6)) r = g.poolp(&p, b, NULL, NULL);
-            else r = g.pool(&p, b, NULL, NULL);
+            else if (!strncmp(a, "poolp:", 6)) r = g.poolp(&p, b, pool, NULL);
+            else r = g.pool(&p, b, pool, NULL);
             if (r == 0 && n < 4096) ptrs[n++] = p;
             printf("%.*s %llu = %d\n", (int)(strchr(a, ':') - a), a, b, r);
         } else if (!strncmp(a, "pitch:", 6)) {

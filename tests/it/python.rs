@@ -115,6 +115,7 @@ const DRIVER_CHECKS: &[&str] = &[
     "cuMemAlloc",
     "streams",
     "cuMemAllocAsync",
+    "pools",
     "vmm-device",
     "vmm-host",
     "managed",

@@ -85,6 +85,30 @@ call(cu.cuStreamDestroy(stream))
 call(cu.cuStreamSynchronize(stream), R.CUDA_ERROR_INVALID_HANDLE)
 ok("cuMemAllocAsync")
 
+# Memory pools: allocations from the default pool and from a pool the program makes are charged
+# when made and credited when freed.
+stream = call(cu.cuStreamCreate(0))
+default_pool = call(cu.cuDeviceGetDefaultMemPool(dev))
+props = cu.CUmemPoolProps()
+props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+props.location.id = 0
+own_pool = call(cu.cuMemPoolCreate(props))
+threshold = cu.cuuint64_t(0)
+call(cu.cuMemPoolSetAttribute(own_pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, threshold))
+a = call(cu.cuMemAllocFromPoolAsync(CAP // 2, default_pool, stream))
+b = call(cu.cuMemAllocFromPoolAsync(CAP // 2 - 8 * MIB, own_pool, stream))
+call(cu.cuMemAllocFromPoolAsync(16 * MIB, own_pool, stream), R.CUDA_ERROR_OUT_OF_MEMORY)
+assert free_bytes() == 8 * MIB
+call(cu.cuMemFreeAsync(a, stream))
+call(cu.cuMemFreeAsync(b, stream))
+call(cu.cuStreamSynchronize(stream))
+call(cu.cuMemPoolTrimTo(own_pool, 0))
+call(cu.cuMemPoolDestroy(own_pool))
+call(cu.cuStreamDestroy(stream))
+assert free_bytes() == CAP
+ok("pools")
+
 # Virtual memory management on the device: charged by the handle, capped.
 prop = cu.CUmemAllocationProp()
 prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED

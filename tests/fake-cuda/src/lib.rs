@@ -40,6 +40,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::sync::OnceLock;
 
 mod device;
+mod pools;
 mod streams;
 mod vmm;
 
@@ -510,16 +511,17 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     unsafe { alloc_current(dptr, bytesize) }
 }
 
-/// `cuMemAllocFromPoolAsync`: allocation from a pool on the current device (pools not modelled).
+/// `cuMemAllocFromPoolAsync`: "Allocates memory from a specified pool with stream ordered
+/// semantics", on the pool's device; CUDA_ERROR_INVALID_HANDLE for an unknown pool.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    _pool: *mut c_void,
+    pool: *mut c_void,
     _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { alloc_current(dptr, bytesize) }
+    unsafe { alloc_from_pool(dptr, bytesize, pool) }
 }
 
 /// `cuMemAllocFromPoolAsync_ptsz`.
@@ -528,13 +530,19 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     pool: *mut c_void,
-    stream: *mut c_void,
+    _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    {
-        let _ = (pool, stream);
-        unsafe { alloc_current(dptr, bytesize) }
+    unsafe { alloc_from_pool(dptr, bytesize, pool) }
+}
+
+unsafe fn alloc_from_pool(dptr: *mut CUdeviceptr, bytesize: usize, pool: *mut c_void) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
     }
+    let d = try_cu!(pools::device_of(pool));
+    // SAFETY: checked non-null.
+    unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
 }
 
 /// `cuMemFree_v2`: frees memory from any of the allocators above.
