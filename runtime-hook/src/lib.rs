@@ -7,9 +7,10 @@
 //! Layout: [`config`] reads the environment contract, [`ledger`] is the lock-free accounting over the
 //! shared words, [`meter`] holds the per-thread launch meters, [`throttle`] the core limit and
 //! [`board`] what the containers on one GPU tell each other (task priority, whether the GPU is
-//! shared); all safe code. Unsafe code is allowed only in `ffi` (the C ABI: real driver lookup with the real
-//! `dlsym`, the file mapping, the exported functions), because a preload library cannot be written
-//! without it; every unsafe block there carries a `SAFETY` comment. Every exported function runs
+//! shared); all safe code. Unsafe code is allowed only in `ffi`'s modules that cross the C boundary
+//! (real driver and NVML lookup with the real `dlsym`, the file mapping, the exported functions),
+//! because a preload library cannot be written without it; `ffi`'s other modules (sizes, keys, the
+//! watcher) deny it, and every unsafe block carries a `SAFETY` comment. Every exported function runs
 //! inside a panic boundary that turns a panic into `CUDA_ERROR_UNKNOWN`.
 //!
 //! Staleness of the launch count: memory use, peaks, OOM refusals and throttled time reach the
