@@ -619,21 +619,8 @@ impl<'p, 'c> Journey<'p, 'c> {
             matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
         });
         for (name, want) in [
-            (
-                "driver",
-                &[
-                    "init",
-                    "device",
-                    "cuMemAlloc",
-                    "streams",
-                    "cuMemAllocAsync",
-                    "pools",
-                    "vmm-device",
-                    "vmm-host",
-                    "managed",
-                ][..],
-            ),
-            ("nvml", &["nvml-init", "nvml-memory", "nvml-processes"][..]),
+            ("driver", vgpu_tests::PYTHON_DRIVER_CHECKS),
+            ("nvml", vgpu_tests::PYTHON_NVML_CHECKS),
         ] {
             let logs = c
                 .kubectl(&["logs", "cuda-python", "-c", name, "-n", NS_FREE])

@@ -109,18 +109,6 @@ fn assert_checks(stdout: &str, want: &[&str], what: &str) {
     assert_eq!(done, want, "{what}: the checks that passed");
 }
 
-const DRIVER_CHECKS: &[&str] = &[
-    "init",
-    "device",
-    "cuMemAlloc",
-    "streams",
-    "cuMemAllocAsync",
-    "pools",
-    "vmm-device",
-    "vmm-host",
-    "managed",
-];
-
 fn driver_api_is_capped_on_every_path(major: u32) {
     let Some(py) = python(major) else {
         return;
@@ -134,7 +122,7 @@ fn driver_api_is_capped_on_every_path(major: u32) {
         let (stdout, stderr) = fakes.run(&py, "driver_checks.py", vars);
         assert_checks(
             &stdout,
-            DRIVER_CHECKS,
+            vgpu_tests::PYTHON_DRIVER_CHECKS,
             &format!("cuda-bindings {major} {vars:?}"),
         );
         assert!(
@@ -165,11 +153,7 @@ fn nvidia_ml_py_reports_the_slice() {
         "nvml_checks.py",
         &[("FAKE_NVML_CONFIG", r#"{"otherTenantUtilization": 10}"#)],
     );
-    assert_checks(
-        &stdout,
-        &["nvml-init", "nvml-memory", "nvml-processes"],
-        "nvidia-ml-py",
-    );
+    assert_checks(&stdout, vgpu_tests::PYTHON_NVML_CHECKS, "nvidia-ml-py");
 }
 
 /// The CUDA runtime (cudart, linked into cuda-bindings' runtime module as into CuPy and PyTorch)

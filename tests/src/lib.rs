@@ -161,3 +161,20 @@ pub fn raise_nofile_limit() -> u64 {
     }
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
+
+/// The checks `tests/python/driver_checks.py` prints, in order (`ok NAME`): the in-process suite
+/// (tests/it/python.rs) and the real-cluster tier expect all of them.
+pub const PYTHON_DRIVER_CHECKS: &[&str] = &[
+    "init",
+    "device",
+    "cuMemAlloc",
+    "streams",
+    "cuMemAllocAsync",
+    "pools",
+    "vmm-device",
+    "vmm-host",
+    "managed",
+];
+
+/// The checks `tests/python/nvml_checks.py` prints, in order.
+pub const PYTHON_NVML_CHECKS: &[&str] = &["nvml-init", "nvml-memory", "nvml-processes"];
