@@ -950,8 +950,21 @@ impl Cluster {
         self.unplace(uid);
     }
 
-    /// After a relist: every pod not in `seen` that is not assumed is gone.
-    pub fn retain_pods(&mut self, seen: &HashSet<String>) {
+    /// After a relist that began at `listed_from`: every pod not in `seen` is gone, except those
+    /// assumed since the list began. A pod is created before it is bound, so one assumed before
+    /// the list began existed when the list's snapshot was taken; absent from it, it was deleted
+    /// meanwhile (a watch outage hides the delete), and its capacity is free again. One assumed
+    /// after may be newer than the snapshot, and keeps its assumption.
+    pub fn retain_pods(&mut self, seen: &HashSet<String>, listed_from: Instant) {
+        let deleted: Vec<String> = self
+            .assumed
+            .iter()
+            .filter(|(uid, at)| **at < listed_from && !seen.contains(*uid))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &deleted {
+            self.delete_pod(uid);
+        }
         let gone: Vec<String> = self
             .pods
             .keys()
@@ -1705,11 +1718,16 @@ mod tests {
             Some(assignment("n1", "GPU-a", 1000)),
             false,
         );
-        c.assume("u2", "n1", &mib(1000), NOW, Instant::now())
-            .unwrap();
-        c.retain_pods(&HashSet::new());
+        let listed_from = Instant::now();
+        c.assume("u2", "n1", &mib(1000), NOW, listed_from).unwrap();
+        c.retain_pods(&HashSet::new(), listed_from);
         assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 1000);
         assert_eq!(c.assumed(), 1);
+        // A pod assumed before a list began and missing from it was deleted during the outage
+        // that forced the list: its memory is free again (it was counted until the assume TTL).
+        c.retain_pods(&HashSet::new(), listed_from + Duration::from_millis(1));
+        assert_eq!(c.node_gpus("n1").unwrap().gpus()[0].used_mib, 0);
+        assert_eq!(c.assumed(), 0);
         c.retain_nodes(&HashSet::new());
         assert!(c.check("n1", &mib(1), NOW).is_err());
         assert_eq!(c.gpus().len(), 0);

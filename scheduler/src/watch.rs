@@ -173,15 +173,21 @@ async fn watch_pods(api: &Api<Pod>, state: &AppState) {
     let stream = watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
     let mut seen = HashSet::new();
+    let mut listed_from = std::time::Instant::now();
     let mut complete = false;
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(Event::Init) => seen.clear(),
+            Ok(Event::Init) => {
+                seen.clear();
+                // The LIST is sent after this event (kube-runtime's watcher yields `Init` from its
+                // empty state, then lists in `InitPage`), so its snapshot is newer than this.
+                listed_from = std::time::Instant::now();
+            }
             Ok(Event::InitApply(p)) => {
                 seen.extend(apply_pod(state, &p));
             }
             Ok(Event::InitDone) => {
-                write(state).retain_pods(&seen);
+                write(state).retain_pods(&seen, listed_from);
                 state.readiness.listed(Feed::Pods);
                 complete = true;
                 tracing::info!(pods = seen.len(), "pod list synced");
