@@ -26,4 +26,5 @@ pub mod config;
 mod ffi;
 pub mod ledger;
 pub mod meter;
+pub mod pools;
 pub mod throttle;

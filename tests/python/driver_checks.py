@@ -5,6 +5,7 @@ failure (the traceback names it).
 
 usage: driver_checks.py CAP_MIB
 """
+import ctypes
 import os
 import sys
 
@@ -108,6 +109,50 @@ call(cu.cuMemPoolDestroy(own_pool))
 call(cu.cuStreamDestroy(stream))
 assert free_bytes() == CAP
 ok("pools")
+
+# A pool keeps what is freed into it while its release threshold allows (cuda.h: memory above
+# the threshold goes back at a synchronisation, or with cuMemPoolTrimTo). That memory is still the
+# device's, so the slice counts it: with 600 MiB held by one pool, 600 MiB more from anywhere else
+# is refused, and given back by a trim it is allocatable again. Over the fake, the device's own
+# count (fakeCudaGetDeviceUsed) never passes the slice.
+def physical_ok():
+    if not os.environ.get("FAKE_CUDA_DRIVER_VERSION"):
+        return  # a real GPU: the driver's count includes other processes and contexts
+    used = ctypes.c_uint64(0)
+    assert ctypes.CDLL("libcuda.so.1").fakeCudaGetDeviceUsed(0, ctypes.byref(used)) == 0
+    assert used.value <= CAP, f"the device holds {used.value} bytes for a slice of {CAP}"
+
+
+attr = cu.CUmemPool_attribute
+stream = call(cu.cuStreamCreate(0))
+keeping = call(cu.cuMemPoolCreate(props))
+call(cu.cuMemPoolSetAttribute(keeping, attr.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cu.cuuint64_t(2**64 - 1)))
+big = CAP // 2 + 64 * MIB
+p = call(cu.cuMemAllocFromPoolAsync(big, keeping, stream))
+call(cu.cuMemFreeAsync(p, stream))
+call(cu.cuStreamSynchronize(stream))
+assert int(call(cu.cuMemPoolGetAttribute(keeping, attr.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT))) == big
+call(cu.cuMemAlloc(big), R.CUDA_ERROR_OUT_OF_MEMORY)
+call(cu.cuMemAllocAsync(big, stream), R.CUDA_ERROR_OUT_OF_MEMORY)
+physical_ok()
+# Reused from the same pool it costs nothing more.
+p = call(cu.cuMemAllocFromPoolAsync(big, keeping, stream))
+call(cu.cuMemFreeAsync(p, stream))
+call(cu.cuMemPoolTrimTo(keeping, 0))
+q = call(cu.cuMemAlloc(big))
+physical_ok()
+call(cu.cuMemFree(q))
+# The default pool (threshold 0) gives its memory back at the synchronisation.
+d = call(cu.cuMemAllocAsync(big, stream))
+call(cu.cuMemFreeAsync(d, stream))
+call(cu.cuStreamSynchronize(stream))
+q = call(cu.cuMemAlloc(big))
+physical_ok()
+call(cu.cuMemFree(q))
+call(cu.cuMemPoolDestroy(keeping))
+call(cu.cuStreamDestroy(stream))
+assert free_bytes() == CAP
+ok("pool-reserve")
 
 # Virtual memory management on the device: charged by the handle, capped.
 prop = cu.CUmemAllocationProp()

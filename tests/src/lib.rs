@@ -171,6 +171,7 @@ pub const PYTHON_DRIVER_CHECKS: &[&str] = &[
     "streams",
     "cuMemAllocAsync",
     "pools",
+    "pool-reserve",
     "vmm-device",
     "vmm-host",
     "managed",

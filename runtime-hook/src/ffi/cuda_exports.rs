@@ -91,22 +91,82 @@ alloc_export! {
     /// `cuMemAllocManaged`, capped against the current device.
     fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> kind Ptr, device current, bytes bytes as u64;
 }
-alloc_export! {
-    /// `cuMemAllocAsync`, capped like cuMemAlloc (the pool's device is the current context's).
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+/// A stream-ordered allocation from a memory pool (`pool`: an expression over the hook giving the
+/// pool's handle), charged by the growth of the pool's reserve ([`crate::pools`]) on the current
+/// device.
+macro_rules! pool_alloc_export {
+    ($(#[$m:meta])* fn $name:ident($out:ident: *mut CUdeviceptr, $bytes:ident: usize $(, $a:ident: $t:ty)*) -> pool $pool:expr;) => {
+        $(#[$m])*
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($out: *mut CUdeviceptr, $bytes: usize $(, $a: $t)*) -> CUresult {
+            boundary(|| {
+                let h = try_cu!(hook());
+                let f = real_or!(h, $name);
+                if $out.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                #[allow(clippy::redundant_closure_call)]
+                let pool: u64 = ($pool)(h);
+                // SAFETY: forwarding the caller's arguments; `out` is non-null and the driver wrote
+                // it when it returned success.
+                h.allocate_pooled(h.current_device(), pool, $bytes as u64, || unsafe {
+                    cu(f($out, $bytes $(, $a)*)).map(|()| *$out)
+                })
+            })
+        }
+    };
 }
-alloc_export! {
+
+pool_alloc_export! {
+    /// `cuMemAllocAsync`: from the current device's current pool.
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> pool |h: &Hook| h.current_pool();
+}
+pool_alloc_export! {
     /// `cuMemAllocAsync_ptsz` (per-thread default stream).
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: *mut c_void) -> pool |h: &Hook| h.current_pool();
 }
-alloc_export! {
-    /// `cuMemAllocFromPoolAsync`, capped against the current device.
-    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+pool_alloc_export! {
+    /// `cuMemAllocFromPoolAsync`: from `pool`.
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> pool |_: &Hook| pool as u64;
 }
-alloc_export! {
+pool_alloc_export! {
     /// `cuMemAllocFromPoolAsync_ptsz`.
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> kind Ptr, device current, bytes bytes as u64;
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: *mut c_void) -> pool |_: &Hook| pool as u64;
 }
+
+/// `cuMemPoolTrimTo`: the pool gives memory back to the device, so the pools are settled after it.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, keep: usize) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemPoolTrimTo);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(pool, keep) };
+        if r == CUDA_SUCCESS {
+            h.settle_pools();
+        }
+        r
+    })
+}
+
+/// `cuMemPoolDestroy`: the pool's memory no allocation uses goes back to the device.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemPoolDestroy);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(pool) };
+        if r == CUDA_SUCCESS {
+            let back = h.pools.lock().destroyed(pool as u64);
+            if let (Some((dev, credit)), Ok(slot)) = (back, h.slot()) {
+                h.ledger.release(slot, dev, credit);
+            }
+        }
+        r
+    })
+}
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h `CUmemLocationType`): the location's id is a device
 /// ordinal. The other types (`_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`) are the machine's RAM.
 const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
@@ -247,6 +307,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return r;
         }
         let dev = try_cu!(h.device());
+        // Memory the pools gave back since they were last asked is free again.
+        h.settle_pools();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, *free as u64, *total as u64);
@@ -268,6 +330,8 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
             return r;
         }
         let dev = try_cu!(h.device());
+        // Memory the pools gave back since they were last asked is free again.
+        h.settle_pools();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, u64::from(*free), u64::from(*total));

@@ -85,7 +85,13 @@ pub(super) struct Hook {
     /// hands the lock to a thread that has waited 0.5 ms; std's lets a busy thread barge ahead,
     /// and with 16 threads allocating one of them could wait for seconds.
     pub(super) allocations: parking_lot::Mutex<KeyMap>,
+    /// What the memory pools this process allocated from are charged (see [`crate::pools`]).
+    pub(super) pools: parking_lot::Mutex<crate::pools::PoolBook>,
 }
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuda.h `CUmemPool_attribute`): "Amount of backing
+/// memory currently allocated for the mempool", a cuuint64_t.
+const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 
 pub(super) static HOOK: OnceLock<Result<Hook, CUresult>> = OnceLock::new();
 
@@ -218,6 +224,7 @@ pub(super) fn init() -> Result<Hook, CUresult> {
         ledger,
         slot: AtomicUsize::new(SLOT_UNCLAIMED),
         allocations: parking_lot::Mutex::new(KeyMap::default()),
+        pools: parking_lot::Mutex::new(crate::pools::PoolBook::default()),
     })
 }
 
@@ -354,10 +361,94 @@ impl Hook {
         let limit = self.config.memory_limit.get(dev).copied().flatten();
         if !self.ledger.reserve(slot, dev, bytes, limit)
             && (!self.reclaim_now() || !self.ledger.reserve(slot, dev, bytes, limit))
+            && (!self.settle_pools() || !self.ledger.reserve(slot, dev, bytes, limit))
         {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         Ok(slot)
+    }
+
+    /// Lowers the charge of every pool charged for more than it uses to what the driver reserves
+    /// for it now (memory a synchronisation or a trim gave back); whether anything was credited.
+    pub(super) fn settle_pools(&'static self) -> bool {
+        let (Some(get), Ok(slot)) = (self.real.cuMemPoolGetAttribute, self.slot()) else {
+            return false;
+        };
+        let pools = self.pools.lock().settleable();
+        let mut credited = false;
+        for pool in pools {
+            let mut reserved: u64 = 0;
+            // SAFETY: a pool this process allocated from, an attribute that is a cuuint64_t, and
+            // a valid out pointer to one.
+            let r = unsafe {
+                get(
+                    pool as *mut c_void,
+                    MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                    (&mut reserved as *mut u64).cast(),
+                )
+            };
+            if r != CUDA_SUCCESS {
+                continue;
+            }
+            if let Some((dev, credit)) = self.pools.lock().settle(pool, reserved) {
+                self.ledger.release(slot, dev, credit);
+                credited = true;
+            }
+        }
+        credited
+    }
+
+    /// The current context's device's current memory pool (where `cuMemAllocAsync` allocates);
+    /// 0 stands for it when the driver cannot say (one pool per process is then assumed, which
+    /// charges at least as much).
+    pub(super) fn current_pool(&self) -> u64 {
+        let (Some(ctx_device), Some(get_pool)) =
+            (self.real.cuCtxGetDevice, self.real.cuDeviceGetMemPool)
+        else {
+            return 0;
+        };
+        let mut ordinal: c_int = 0;
+        let mut pool: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointers; the ordinal is the driver's own answer.
+        let ok = unsafe {
+            ctx_device(&mut ordinal) == CUDA_SUCCESS && get_pool(&mut pool, ordinal) == CUDA_SUCCESS
+        };
+        if ok {
+            pool as u64
+        } else {
+            0
+        }
+    }
+
+    /// A stream-ordered allocation of `bytes` from `pool` on `dev`: charges the growth of the
+    /// pool's reserve ([`crate::pools::PoolBook::growth`]) first, runs the driver's `call`, and
+    /// records it or rolls the charge back.
+    pub(super) fn allocate_pooled(
+        &'static self,
+        dev: Result<usize, CUresult>,
+        pool: u64,
+        bytes: u64,
+        call: impl FnOnce() -> Result<u64, CUresult>,
+    ) -> CUresult {
+        let dev = try_cu!(dev);
+        let growth = self.pools.lock().growth(pool, bytes);
+        let slot = try_cu!(if growth > 0 {
+            self.reserve(dev, growth)
+        } else {
+            self.slot()
+        });
+        match call() {
+            Ok(ptr) => {
+                self.pools.lock().allocated(pool, dev, ptr, bytes, growth);
+                CUDA_SUCCESS
+            }
+            Err(r) => {
+                if growth > 0 {
+                    self.ledger.release(slot, dev, growth);
+                }
+                r
+            }
+        }
     }
 
     /// On a refusal: reclaims dead processes' slots, at most once per 10 ms per process (a program
@@ -412,8 +503,13 @@ impl Hook {
         let r = call();
         if r == CUDA_SUCCESS {
             let entry = self.allocations.lock().remove(&(kind, key));
-            if let (Some((dev, bytes)), Ok(slot)) = (entry, self.slot()) {
-                self.ledger.release(slot, dev, bytes);
+            match (entry, self.slot()) {
+                (Some((dev, bytes)), Ok(slot)) => self.ledger.release(slot, dev, bytes),
+                // A pool allocation: its memory goes back to its pool, which stays charged.
+                (None, _) if kind == Kind::Ptr => {
+                    self.pools.lock().freed(key);
+                }
+                _ => {}
             }
         }
         r

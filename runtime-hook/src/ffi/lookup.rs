@@ -34,6 +34,8 @@ wrappers![
     cuMemFreeAsync_ptsz,
     cuMemCreate,
     cuMemRelease,
+    cuMemPoolTrimTo,
+    cuMemPoolDestroy,
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuArrayDestroy,

@@ -39,6 +39,10 @@ real_table! {
     cuMemFreeAsync_ptsz: fn(CUdeviceptr, *mut c_void);
     cuMemFree_v2: fn(CUdeviceptr);
     cuMemFree: fn(u32);
+    cuDeviceGetMemPool: fn(*mut *mut c_void, c_int);
+    cuMemPoolGetAttribute: fn(*mut c_void, c_int, *mut c_void);
+    cuMemPoolTrimTo: fn(*mut c_void, usize);
+    cuMemPoolDestroy: fn(*mut c_void);
     cuMemCreate: fn(*mut u64, usize, *const c_void, u64);
     cuMemRelease: fn(u64);
     cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);

@@ -144,10 +144,12 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 }
 
 /// `cuCtxSynchronize`: "Blocks until the device has completed all preceding requested tasks";
-/// the fake's work is done when it is queued.
+/// the fake's work is done when it is queued, and memory pools give back what they hold above
+/// their release thresholds.
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     let _ = try_cu!(current());
+    crate::pools::synchronized();
     CUDA_SUCCESS
 }
 

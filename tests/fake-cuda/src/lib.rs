@@ -358,7 +358,39 @@ fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     Ok(ptr)
 }
 
+/// Takes `bytes` of device `d`'s memory without a pointer of its own (a memory pool's reserve
+/// grows); CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
+pub(crate) fn take_device_memory(d: usize, bytes: u64) -> Result<(), CUresult> {
+    let mut s = state()?;
+    if s.devices[d].used.saturating_add(bytes) > s.devices[d].total
+        || !shared::alloc(s.physical[d], bytes, s.devices[d].total)
+    {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    s.devices[d].used += bytes;
+    Ok(())
+}
+
+/// Gives back memory [`take_device_memory`] took.
+pub(crate) fn give_device_memory(d: usize, bytes: u64) {
+    if let Ok(mut s) = state() {
+        s.devices[d].used -= bytes.min(s.devices[d].used);
+        shared::free(s.physical[d], bytes);
+    }
+}
+
+/// A fresh device address for `bytes` (pool allocations take their memory from the pool).
+pub(crate) fn next_address(bytes: u64) -> Result<u64, CUresult> {
+    let mut s = state()?;
+    let p = s.next_ptr;
+    s.next_ptr += bytes.div_ceil(512) * 512 + 512;
+    Ok(p)
+}
+
 fn free_ptr(ptr: u64) -> CUresult {
+    if pools::free(ptr) {
+        return CUDA_SUCCESS;
+    }
     let mut s = try_cu!(state());
     match s.allocations.remove(&ptr) {
         Some((d, bytes)) => {
@@ -489,7 +521,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     }
 }
 
-/// `cuMemAllocAsync`: stream-ordered allocation; the fake completes it at once.
+/// `cuMemAllocAsync`: "Allocates memory with stream ordered semantics ... from the current memory
+/// pool of the current context's device" (the fake's current pool is the default one); completed
+/// at once.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
@@ -497,7 +531,16 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { alloc_current(dptr, bytesize) }
+    unsafe { alloc_current_pool(dptr, bytesize) }
+}
+
+unsafe fn alloc_current_pool(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let d = try_cu!(current());
+    // SAFETY: checked non-null.
+    unsafe { write_ptr(dptr, pools::alloc(pools::default_pool(d), bytesize as u64)) }
 }
 
 /// `cuMemAllocAsync_ptsz`: per-thread default stream variant.
@@ -508,7 +551,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     _stream: *mut c_void,
 ) -> CUresult {
     // SAFETY: same contract.
-    unsafe { alloc_current(dptr, bytesize) }
+    unsafe { alloc_current_pool(dptr, bytesize) }
 }
 
 /// `cuMemAllocFromPoolAsync`: "Allocates memory from a specified pool with stream ordered
@@ -540,9 +583,8 @@ unsafe fn alloc_from_pool(dptr: *mut CUdeviceptr, bytesize: usize, pool: *mut c_
     if dptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let d = try_cu!(pools::device_of(pool));
     // SAFETY: checked non-null.
-    unsafe { write_ptr(dptr, alloc_on(d, bytesize as u64)) }
+    unsafe { write_ptr(dptr, pools::alloc(pool as usize, bytesize as u64)) }
 }
 
 /// `cuMemFree_v2`: frees memory from any of the allocators above.

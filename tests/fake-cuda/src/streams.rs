@@ -96,18 +96,26 @@ pub extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CUresult {
     destroy(stream, true)
 }
 
-/// `cuStreamSynchronize`: "Waits until the device has completed all operations in the stream".
+/// `cuStreamSynchronize`: "Waits until the device has completed all operations in the stream";
+/// memory pools then give back what they hold above their release thresholds.
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CUresult {
-    let _s = try_cu!(state());
-    stream_ok(stream)
+    synchronize(stream)
 }
 
 /// `cuStreamSynchronize_ptsz`.
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize_ptsz(stream: *mut c_void) -> CUresult {
-    let _s = try_cu!(state());
-    stream_ok(stream)
+    synchronize(stream)
+}
+
+fn synchronize(stream: *mut c_void) -> CUresult {
+    try_cu!(state().map(drop));
+    let r = stream_ok(stream);
+    if r == CUDA_SUCCESS {
+        crate::pools::synchronized();
+    }
+    r
 }
 
 /// `cuStreamQuery`: CUDA_SUCCESS "if all operations in the stream specified by hStream have
@@ -177,11 +185,13 @@ fn recorded(event: *mut c_void) -> Result<Option<Instant>, CUresult> {
     }
 }
 
-/// `cuEventSynchronize`: "Waits until the completion of all work currently captured in hEvent".
+/// `cuEventSynchronize`: "Waits until the completion of all work currently captured in hEvent";
+/// memory pools then give back what they hold above their release thresholds.
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(event: *mut c_void) -> CUresult {
-    let _s = try_cu!(state());
+    try_cu!(state().map(drop));
     try_cu!(recorded(event));
+    crate::pools::synchronized();
     CUDA_SUCCESS
 }
 
