@@ -27,4 +27,5 @@ mod ffi;
 pub mod ledger;
 pub mod meter;
 pub mod pools;
+pub mod shareable;
 pub mod throttle;

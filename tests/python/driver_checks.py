@@ -179,6 +179,28 @@ call(cu.cuMemAddressFree(va, 2 * size))
 assert free_bytes() == CAP
 ok("vmm-device")
 
+# An allocation exported as a file descriptor (NCCL's cuMem IPC between ranks): cuda.h keeps its
+# memory until every descriptor is closed and the allocation is released, so it stays charged
+# after cuMemRelease while the descriptor is open; an import (here, into the same process) is the
+# exporter's memory, charged once.
+POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+prop.requestedHandleTypes = POSIX_FD
+h = call(cu.cuMemCreate(size, prop, 0))
+fd = int(call(cu.cuMemExportToShareableHandle(h, POSIX_FD, 0)))
+h2 = call(cu.cuMemImportFromShareableHandle(fd, POSIX_FD))
+assert free_bytes() == CAP - size
+call(cu.cuMemRelease(h2))
+assert free_bytes() == CAP - size
+call(cu.cuMemRelease(h))
+assert free_bytes() == CAP - size, "released, but the exported descriptor keeps the memory"
+call(cu.cuMemCreate(size, prop, 0), R.CUDA_ERROR_OUT_OF_MEMORY)
+physical_ok()
+os.close(fd)
+assert free_bytes() == CAP, "every descriptor closed and the allocation released: free"
+h = call(cu.cuMemCreate(size, prop, 0))
+call(cu.cuMemRelease(h))
+ok("vmm-export")
+
 # Host memory through the same API (NCCL's cuMem host path): not the GPU's, never charged.
 host = cu.CUmemAllocationProp()
 host.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED

@@ -143,7 +143,7 @@ pub extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, keep: usize) -> CUresult {
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(pool, keep) };
         if r == CUDA_SUCCESS {
-            h.settle_pools();
+            h.settle();
         }
         r
     })
@@ -281,10 +281,52 @@ free_export! {
     /// `cuMemFreeAsync_ptsz`.
     fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-free_export! {
-    /// `cuMemRelease`: the handle's memory is returned once the handle is released (the driver keeps
-    /// it while mapped; the hook charges until the release, which is never later than the driver).
-    fn cuMemRelease(handle: u64) -> kind Handle;
+/// `cuMemRelease`: the handle's charge ends when the driver accepts it, unless the allocation was
+/// exported and a descriptor of it is still open (the memory then lives on: [`crate::shareable`]).
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemRelease);
+        // SAFETY: forwarding the caller's argument.
+        let r = unsafe { f(handle) };
+        if r == CUDA_SUCCESS {
+            h.release_handle(handle);
+        }
+        r
+    })
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (cuda.h `CUmemAllocationHandleType`): the shareable
+/// handle is an `int` file descriptor.
+const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
+
+/// `cuMemExportToShareableHandle`: a descriptor exported for an allocation keeps its memory alive
+/// after its release, so the hook notes it ([`crate::shareable`]).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    handle_type: c_uint,
+    flags: u64,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemExportToShareableHandle);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(shareable, handle, handle_type, flags) };
+        if r == CUDA_SUCCESS
+            && handle_type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            && !shareable.is_null()
+        {
+            // SAFETY: checked non-null; for this type the driver wrote an int descriptor.
+            let fd = unsafe { *shareable.cast::<c_int>() };
+            if let Some(ino) = inode(fd) {
+                h.shareable.lock().exported(handle, fd, ino);
+            }
+        }
+        r
+    })
 }
 free_export! {
     /// `cuArrayDestroy`.
@@ -308,7 +350,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         }
         let dev = try_cu!(h.device());
         // Memory the pools gave back since they were last asked is free again.
-        h.settle_pools();
+        h.settle();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, *free as u64, *total as u64);
@@ -331,7 +373,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         }
         let dev = try_cu!(h.device());
         // Memory the pools gave back since they were last asked is free again.
-        h.settle_pools();
+        h.settle();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, u64::from(*free), u64::from(*total));

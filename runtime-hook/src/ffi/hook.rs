@@ -87,6 +87,22 @@ pub(super) struct Hook {
     pub(super) allocations: parking_lot::Mutex<KeyMap>,
     /// What the memory pools this process allocated from are charged (see [`crate::pools`]).
     pub(super) pools: parking_lot::Mutex<crate::pools::PoolBook>,
+    /// Exported allocations, which outlive their release (see [`crate::shareable`]).
+    pub(super) shareable: parking_lot::Mutex<crate::shareable::Shareable>,
+}
+
+/// The inode descriptor `fd` names, `None` when it is not open.
+pub(super) fn inode(fd: c_int) -> Option<u64> {
+    // SAFETY: fstat into a zeroed stat buffer; a closed descriptor is an error, not a fault.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st.st_ino)
+    }
+}
+
+/// Whether descriptor `fd` still names inode `ino`.
+fn still_open(fd: i32, ino: u64) -> bool {
+    inode(fd) == Some(ino)
 }
 
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuda.h `CUmemPool_attribute`): "Amount of backing
@@ -225,6 +241,7 @@ pub(super) fn init() -> Result<Hook, CUresult> {
         slot: AtomicUsize::new(SLOT_UNCLAIMED),
         allocations: parking_lot::Mutex::new(KeyMap::default()),
         pools: parking_lot::Mutex::new(crate::pools::PoolBook::default()),
+        shareable: parking_lot::Mutex::new(crate::shareable::Shareable::default()),
     })
 }
 
@@ -361,11 +378,44 @@ impl Hook {
         let limit = self.config.memory_limit.get(dev).copied().flatten();
         if !self.ledger.reserve(slot, dev, bytes, limit)
             && (!self.reclaim_now() || !self.ledger.reserve(slot, dev, bytes, limit))
-            && (!self.settle_pools() || !self.ledger.reserve(slot, dev, bytes, limit))
+            && (!self.settle() || !self.ledger.reserve(slot, dev, bytes, limit))
         {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         Ok(slot)
+    }
+
+    /// Credits the memory the driver gave back since the hook last asked: pools' reserves
+    /// ([`Hook::settle_pools`]) and released exported allocations whose descriptors are closed
+    /// now. Whether anything was credited.
+    pub(super) fn settle(&'static self) -> bool {
+        let pools = self.settle_pools();
+        let closed = self.shareable.lock().closed(still_open);
+        if let (false, Ok(slot)) = (closed.is_empty(), self.slot()) {
+            for (dev, bytes) in &closed {
+                self.ledger.release(slot, *dev, *bytes);
+            }
+        }
+        pools || !closed.is_empty()
+    }
+
+    /// A `cuMemRelease` of `handle` the driver accepted: its charge ends, unless a descriptor
+    /// exported for it keeps the memory alive ([`crate::shareable`]).
+    pub(super) fn release_handle(&'static self, handle: u64) {
+        let entry = self.allocations.lock().remove(&(Kind::Handle, handle));
+        let Some((dev, bytes)) = entry else {
+            return;
+        };
+        if self
+            .shareable
+            .lock()
+            .released(handle, dev, bytes, still_open)
+        {
+            return;
+        }
+        if let Ok(slot) = self.slot() {
+            self.ledger.release(slot, dev, bytes);
+        }
     }
 
     /// Lowers the charge of every pool charged for more than it uses to what the driver reserves

@@ -36,6 +36,7 @@ wrappers![
     cuMemRelease,
     cuMemPoolTrimTo,
     cuMemPoolDestroy,
+    cuMemExportToShareableHandle,
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuArrayDestroy,

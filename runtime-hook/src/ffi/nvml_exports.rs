@@ -7,7 +7,7 @@ use super::*;
 /// `NVIDIA_VISIBLE_DEVICES` order, as the limits are numbered, and ignores `CUDA_VISIBLE_DEVICES`.
 pub(super) fn nvml_view(nv: &NvmlReal, device: *mut c_void) -> Option<(u64, u64)> {
     let h = hook().ok()?;
-    h.settle_pools();
+    h.settle();
     let get_index = nv.nvmlDeviceGetIndex?;
     let mut idx: c_uint = 0;
     // SAFETY: the caller's device handle and a valid out pointer.

@@ -43,6 +43,7 @@ real_table! {
     cuMemPoolGetAttribute: fn(*mut c_void, c_int, *mut c_void);
     cuMemPoolTrimTo: fn(*mut c_void, usize);
     cuMemPoolDestroy: fn(*mut c_void);
+    cuMemExportToShareableHandle: fn(*mut c_void, u64, c_uint, u64);
     cuMemCreate: fn(*mut u64, usize, *const c_void, u64);
     cuMemRelease: fn(u64);
     cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);

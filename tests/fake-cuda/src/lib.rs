@@ -51,7 +51,7 @@ pub(crate) type CUcontext = *mut c_void;
 
 pub(crate) const CUDA_SUCCESS: CUresult = 0;
 pub(crate) const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub(crate) const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
@@ -330,6 +330,7 @@ fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    free_closed_exports();
     let mut s = state()?;
     let dev = &s.devices[d];
     if dev.used.saturating_add(bytes) > dev.total {
@@ -646,7 +647,18 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     if vmm::release_host(handle) {
         return CUDA_SUCCESS;
     }
+    if let Some(r) = vmm::release(handle) {
+        return r;
+    }
     free_ptr(handle)
+}
+
+/// Frees the released allocations whose exported descriptors have all been closed since (the
+/// driver's kernel side learns it at the close; the fake, at the next call that looks at memory).
+fn free_closed_exports() {
+    for key in vmm::closed() {
+        free_ptr(key);
+    }
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -792,6 +804,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     if free.is_null() || total.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    free_closed_exports();
     let d = try_cu!(current());
     let s = try_cu!(state());
     let dev = &s.devices[d];
@@ -894,6 +907,7 @@ pub unsafe extern "C" fn fakeCudaGetDeviceUsed(dev: c_int, used: *mut u64) -> CU
     if used.is_null() || dev < 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    free_closed_exports();
     let s = try_cu!(state());
     let own = s
         .physical

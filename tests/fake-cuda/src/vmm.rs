@@ -5,7 +5,7 @@
 
 use crate::{state, try_cu, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint};
 
 /// Allocation granularity, minimum and recommended: 2 MiB, what current NVIDIA GPUs report.
@@ -45,6 +45,13 @@ struct Space {
     /// Live handles of host memory (`cuMemCreate` at a host location).
     host: HashSet<u64>,
     next_host: u64,
+    /// Shareable handles: allocation key -> the descriptors exported for it (fd, inode).
+    exports: HashMap<u64, Vec<(c_int, u64)>>,
+    /// Released allocations an exported descriptor still keeps alive.
+    lingering: Vec<u64>,
+    /// Handles from cuMemImportFromShareableHandle: handle -> the allocation's key.
+    imported: HashMap<u64, u64>,
+    next_import: u64,
 }
 
 static SPACE: Mutex<Option<Space>> = Mutex::new(None);
@@ -86,8 +93,135 @@ pub fn release_host(handle: u64) -> bool {
 }
 
 fn handle_live(handle: u64) -> bool {
-    space(|s| s.host.contains(&handle))
+    space(|s| s.host.contains(&handle) || s.imported.contains_key(&handle))
         || state().is_ok_and(|st| st.allocations.contains_key(&handle))
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (cuda.h `CUmemAllocationHandleType`): the shareable
+/// handle is an `int` file descriptor. The only type the fake exports.
+const HANDLE_TYPE_POSIX_FD: c_uint = 1;
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+
+/// The inode `fd` refers to, `None` when it is not open.
+fn inode(fd: c_int) -> Option<u64> {
+    // SAFETY: fstat into a zeroed stat buffer; a closed descriptor is an error, not a fault.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st.st_ino)
+    }
+}
+
+/// Whether an exported descriptor of allocation `key` is still open.
+fn exported_open(s: &Space, key: u64) -> bool {
+    s.exports
+        .get(&key)
+        .is_some_and(|fds| fds.iter().any(|&(fd, ino)| inode(fd) == Some(ino)))
+}
+
+/// A `cuMemRelease` of `handle`: `Some(result)` when this module answers it (an imported handle,
+/// or an allocation an exported descriptor keeps alive: cuda.h, "Once all shareable handles are
+/// closed and the allocation is released, the allocated memory referenced will be released back
+/// to the OS"), `None` when the caller frees the allocation now.
+pub fn release(handle: u64) -> Option<CUresult> {
+    space(|s| {
+        if s.imported.remove(&handle).is_some() {
+            return Some(CUDA_SUCCESS);
+        }
+        if exported_open(s, handle) {
+            s.lingering.push(handle);
+            return Some(CUDA_SUCCESS);
+        }
+        s.exports.remove(&handle);
+        None
+    })
+}
+
+/// The released allocations whose exported descriptors are all closed now: the caller frees them.
+pub fn closed() -> Vec<u64> {
+    space(|s| {
+        let (gone, kept): (Vec<u64>, Vec<u64>) = std::mem::take(&mut s.lingering)
+            .into_iter()
+            .partition(|&k| !exported_open(s, k));
+        s.lingering = kept;
+        for k in &gone {
+            s.exports.remove(k);
+        }
+        gone
+    })
+}
+
+/// `cuMemExportToShareableHandle`: "Exports an allocation to a requested shareable handle type";
+/// for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` the shareable handle is a new file descriptor
+/// (a memfd holding the allocation's key). Other types: CUDA_ERROR_NOT_SUPPORTED.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut std::ffi::c_void,
+    handle: u64,
+    handle_type: c_uint,
+    flags: u64,
+) -> CUresult {
+    try_cu!(state().map(drop));
+    if shareable.is_null() || flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let key = space(|s| s.imported.get(&handle).copied()).unwrap_or(handle);
+    if !handle_live(key) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: memfd_create with a constant name; the descriptor is the caller's to close.
+    let fd = unsafe { libc::memfd_create(c"fake-cuda-shareable".as_ptr(), 0) };
+    if fd < 0 {
+        return crate::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let bytes = key.to_le_bytes();
+    // SAFETY: writing 8 bytes from a local buffer to the descriptor just made.
+    let written = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
+    let Some(ino) = inode(fd).filter(|_| written == 8) else {
+        // SAFETY: closing the descriptor this call made.
+        unsafe { libc::close(fd) };
+        return crate::CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    space(|s| s.exports.entry(key).or_default().push((fd, ino)));
+    // SAFETY: checked non-null; a POSIX-descriptor shareable handle is an int.
+    unsafe { *shareable.cast::<c_int>() = fd };
+    CUDA_SUCCESS
+}
+
+/// `cuMemImportFromShareableHandle`: "Imports an allocation from a requested shareable handle
+/// type"; the fake reads the allocation's key from the descriptor and hands out a new handle
+/// naming it (releasing it releases only this handle).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut std::ffi::c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    try_cu!(state().map(drop));
+    if handle.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let fd = os_handle as usize as c_int;
+    let mut bytes = [0u8; 8];
+    // SAFETY: reading 8 bytes into a local buffer from the caller's descriptor.
+    if unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) } != 8 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let key = u64::from_le_bytes(bytes);
+    let h = space(|s| {
+        s.next_import = s.next_import.max(0x5555_0000_0000) + 0x10;
+        s.imported.insert(s.next_import, key);
+        s.next_import
+    });
+    // SAFETY: checked non-null.
+    unsafe { *handle = h };
+    CUDA_SUCCESS
 }
 
 /// `cuMemGetAllocationGranularity`: "Calculates either the minimal or recommended granularity"
