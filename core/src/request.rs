@@ -109,6 +109,15 @@ impl VgpuRequest {
         u64::from(self.gpus).saturating_mul(self.mib_per_gpu(card_mib))
     }
 
+    /// Device memory per vGPU when the request names MiB; a percentage has none before it is
+    /// placed on a card.
+    pub fn memory_mib(&self) -> Option<u64> {
+        match self.memory {
+            Memory::Mib(m) => Some(m),
+            Memory::Percent(_) => None,
+        }
+    }
+
     /// Device memory per vGPU on a card of `card_mib` MiB.
     #[inline]
     pub fn mib_per_gpu(&self, card_mib: u64) -> u64 {

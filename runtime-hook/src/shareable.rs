@@ -62,11 +62,6 @@ impl Shareable {
         });
         done
     }
-
-    /// Whether any released allocation is still charged.
-    pub fn lingering(&self) -> bool {
-        !self.lingering.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -84,7 +79,7 @@ mod tests {
         s.exported(2, 7, 70);
         s.exported(2, 8, 80);
         assert!(s.released(2, 0, 200, is_open));
-        assert!(s.lingering());
+        assert!(!s.lingering.is_empty());
         // One descriptor closed: still alive through the other.
         open.borrow_mut().retain(|d| d.0 != 7);
         assert_eq!(s.closed(is_open), vec![]);
@@ -92,7 +87,7 @@ mod tests {
         open.borrow_mut().push((8, 81));
         open.borrow_mut().retain(|d| *d != (8, 80));
         assert_eq!(s.closed(is_open), vec![(0, 200)]);
-        assert!(!s.lingering());
+        assert!(s.lingering.is_empty());
         // Exported, closed before the release: released at once.
         s.exported(3, 9, 90);
         assert!(!s.released(3, 1, 300, is_open));

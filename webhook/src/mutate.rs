@@ -317,11 +317,7 @@ fn resources(
 /// them agreeing with its limits file. A percentage of the card's memory has no MiB before
 /// placement, so it gets no memory variable here (the device plugin writes it at Allocate).
 pub(crate) fn desired_env(req: &VgpuRequest) -> Vec<(&'static str, String)> {
-    let memory = match req.memory {
-        Memory::Mib(m) => Some(m),
-        Memory::Percent(_) => None,
-    };
-    env::container_limits(memory, Some(req.cores))
+    env::container_limits(req.memory_mib(), Some(req.cores))
 }
 
 /// The preload library's variables in the container's `env` (`at` is the container's pointer): the

@@ -349,8 +349,6 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return r;
         }
         let dev = try_cu!(h.device());
-        // Memory the pools gave back since they were last asked is free again.
-        h.settle();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, *free as u64, *total as u64);
@@ -372,8 +370,6 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
             return r;
         }
         let dev = try_cu!(h.device());
-        // Memory the pools gave back since they were last asked is free again.
-        h.settle();
         // SAFETY: checked non-null; the driver just wrote both.
         unsafe {
             let (fr, t) = h.clamp_info(dev, u64::from(*free), u64::from(*total));

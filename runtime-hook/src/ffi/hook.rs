@@ -740,8 +740,10 @@ impl Hook {
     }
 
     /// `free`/`total` as the container sees them on limit index `dev`: total = limit,
-    /// free = limit - container usage, never above the driver's free.
-    pub(super) fn clamp_info(&self, dev: usize, free: u64, total: u64) -> (u64, u64) {
+    /// free = limit - container usage, never above the driver's free. Memory the driver gave back
+    /// since the hook last asked ([`Hook::settle`]) counts as free.
+    pub(super) fn clamp_info(&'static self, dev: usize, free: u64, total: u64) -> (u64, u64) {
+        self.settle();
         match self.config.memory_limit.get(dev).copied().flatten() {
             Some(limit) => {
                 let used = if dev < MAX_DEVICES {

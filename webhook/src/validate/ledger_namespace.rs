@@ -125,15 +125,9 @@ impl LedgerNamespace {
     /// One dry-run create of [`PROBE_NAME`]: created, or already there (409), means the namespace
     /// exists and takes the webhook's writes; an outage changes nothing known.
     async fn check(&self, client: &kube::Client) {
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            &self.name,
-            &super::cache::api_resource("ConfigMap", "configmaps"),
-        );
-        let mut probe = DynamicObject::new(
-            PROBE_NAME,
-            &super::cache::api_resource("ConfigMap", "configmaps"),
-        );
+        let configmaps = super::cache::api_resource("ConfigMap", "configmaps");
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.name, &configmaps);
+        let mut probe = DynamicObject::new(PROBE_NAME, &configmaps);
         probe.metadata = ObjectMeta {
             name: Some(PROBE_NAME.to_string()),
             ..ObjectMeta::default()

@@ -143,14 +143,10 @@ pub fn check(
             }
         }
         if rules.deny_reserved_env {
-            // /mutate wrote the container's limits (core's `env::container_limits`) and removed
+            // /mutate wrote the container's limits (`mutate::desired_env`) and removed
             // every other one of these: anything else, or another value, was added after it, and
             // the device plugin's Allocate is what sets the container's limits.
-            let memory = match req.memory {
-                Memory::Mib(m) => Some(m),
-                Memory::Percent(_) => None,
-            };
-            let written = env::container_limits(memory, Some(req.cores));
+            let written = crate::mutate::desired_env(req);
             let written_by_mutate = |var: &str, e: &Value, seen: &[&str]| {
                 let Some((_, want)) = written.iter().find(|(n, _)| *n == var) else {
                     return false;
