@@ -1,9 +1,17 @@
-//! Compiles the kubelet device plugin API (v1beta1) with protox, so no protoc is needed.
+//! Compiles the kubelet's plugin APIs with protox, so no protoc is needed: the device plugin API
+//! (v1beta1), the DRA plugin API (v1 and v1beta1) and the plugin registration API.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/deviceplugin_v1beta1.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["proto"])?;
+    let protos = [
+        "proto/deviceplugin_v1beta1.proto",
+        "proto/dra_v1.proto",
+        "proto/dra_v1beta1.proto",
+        "proto/pluginregistration_v1.proto",
+    ];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -5,6 +5,7 @@
 pub mod allocate;
 pub mod backend;
 pub mod devices;
+pub mod dra;
 pub mod health;
 pub mod inventory;
 pub mod kubelet;

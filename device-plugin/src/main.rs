@@ -1,5 +1,6 @@
 //! `vgpu-device-plugin`: discovers GPUs, serves the kubelet device plugin API, watches health and
-//! this node's vGPU pods, publishes the node inventory and `/metrics`, until SIGTERM.
+//! this node's vGPU pods, publishes the node inventory and `/metrics`, until SIGTERM. With
+//! `--mode=dra` it is the kubelet DRA plugin of driver `gpu.vgpu.io` instead (docs/dra.md).
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
@@ -9,8 +10,17 @@ use std::time::Duration;
 use vgpu_device_plugin::allocate::{preload_contents, LIB_NAME, PRELOAD_NAME};
 use vgpu_device_plugin::backend::{dcu::DcuBackend, nvidia::NvidiaBackend, DeviceBackend};
 use vgpu_device_plugin::devices::{DeviceState, Shape};
+use vgpu_device_plugin::dra;
 use vgpu_device_plugin::kubelet::PluginEndpoint;
 use vgpu_device_plugin::plugin::{Settings, Shared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// A kubelet device plugin (`nvidia.com/gpu`), placed by vgpu-scheduler.
+    DevicePlugin,
+    /// A kubelet DRA plugin (driver `gpu.vgpu.io`), placed by kube-scheduler (docs/dra.md).
+    Dra,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
@@ -24,6 +34,23 @@ enum Backend {
 #[derive(Debug, Parser)]
 #[command(version, args_override_self = true)]
 struct Cli {
+    /// How this node's GPUs are offered: one mode per node.
+    #[arg(long, value_enum, default_value_t = Mode::DevicePlugin)]
+    mode: Mode,
+    /// DRA mode: the kubelet's plugin registry directory.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    kubelet_registry_dir: PathBuf,
+    /// DRA mode: the kubelet's plugin directory (our socket is `<dir>/gpu.vgpu.io/dra.sock`).
+    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    kubelet_plugins_dir: PathBuf,
+    /// DRA mode: where the CDI specs of prepared claims go (the container runtime reads it).
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// DRA mode: the CDI kind of the GPU vendor's own spec, e.g. `nvidia.com/gpu` (from
+    /// `nvidia-ctk cdi generate --device-name-strategy=uuid`); each allocated GPU is also named
+    /// `<kind>=<uuid>`, so the runtime adds its device nodes and driver libraries. Empty: not named.
+    #[arg(long, default_value = "")]
+    gpu_cdi_kind: String,
     /// Copy the preload library to this host directory and exit (the DaemonSet's init step).
     #[arg(long, value_name = "DIR")]
     install_lib: Option<PathBuf>,
@@ -168,12 +195,16 @@ async fn main() -> anyhow::Result<()> {
             probe_every: Duration::from_secs(cli.health_probe_seconds),
         },
     ));
-    tokio::spawn(vgpu_device_plugin::watch::run(shared.clone(), pods));
-    tokio::spawn(vgpu_device_plugin::inventory::run(
-        shared.clone(),
-        kube::Api::all(client),
-        Duration::from_secs(cli.heartbeat_seconds),
-    ));
+    if cli.mode == Mode::DevicePlugin {
+        tokio::spawn(vgpu_device_plugin::watch::run(shared.clone(), pods));
+        // The inventory tells vgpu-scheduler where device-plugin pods may go: a DRA node
+        // publishes a ResourceSlice instead, and no inventory.
+        tokio::spawn(vgpu_device_plugin::inventory::run(
+            shared.clone(),
+            kube::Api::all(client.clone()),
+            Duration::from_secs(cli.heartbeat_seconds),
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(cli.metrics_listen)
         .await
         .with_context(|| format!("binding {}", cli.metrics_listen))?;
@@ -185,6 +216,36 @@ async fn main() -> anyhow::Result<()> {
         }
     });
 
+    if cli.mode == Mode::Dra {
+        tokio::spawn(dra::slices::run(
+            shared.clone(),
+            client.clone(),
+            backend.driver_version(),
+        ));
+        let plugin = dra::prepare::Dra::new(
+            shared,
+            Some(client),
+            dra::prepare::DraSettings {
+                cdi_dir: cli.cdi_dir,
+                gpu_cdi_kind: (!cli.gpu_cdi_kind.is_empty()).then_some(cli.gpu_cdi_kind),
+            },
+        );
+        dra::registration::serve(
+            plugin,
+            dra::registration::Sockets {
+                registry_dir: cli.kubelet_registry_dir,
+                plugins_dir: cli.kubelet_plugins_dir,
+            },
+            async {
+                shutdown.await;
+                tracing::info!("shutting down");
+            },
+        )
+        .await
+        .context("serving the DRA plugin")?;
+        tracing::info!("stopped");
+        return Ok(());
+    }
     vgpu_device_plugin::kubelet::serve(
         shared,
         PluginEndpoint {

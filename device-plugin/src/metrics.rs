@@ -38,21 +38,33 @@ pub struct AllocationRecord {
     pub container: String,
     /// Devices in visible order.
     pub devices: Vec<DeviceSlice>,
+    /// In DRA mode, the ResourceClaim's name (`container` is then the claim's request and `pod`
+    /// the first pod it is reserved for). Absent in device-plugin mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// Writes the record of an answered Allocate (best effort: metrics only).
 pub fn record_allocation(host_dir: &Path, claim: &Claim) {
+    record(
+        host_dir,
+        &AllocationRecord {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            pod: claim.name.clone(),
+            container: claim.container.name.clone(),
+            devices: claim.container.devices.clone(),
+            claim: None,
+        },
+    );
+}
+
+/// Writes an allocation record, `<uid>_<container>.json` (best effort: metrics only).
+pub fn record(host_dir: &Path, rec: &AllocationRecord) {
     let dir = host_dir.join(ALLOCATIONS_DIR);
-    let rec = AllocationRecord {
-        uid: claim.uid.clone(),
-        namespace: claim.namespace.clone(),
-        pod: claim.name.clone(),
-        container: claim.container.name.clone(),
-        devices: claim.container.devices.clone(),
-    };
     let path = dir.join(format!("{}_{}.json", rec.uid, rec.container));
     let res = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, serde_json::to_vec(&rec).unwrap_or_default()));
+        .and_then(|()| std::fs::write(&path, serde_json::to_vec(rec).unwrap_or_default()));
     if let Err(e) = res {
         tracing::warn!(path = %path.display(), error = %e, "writing allocation record");
     }
@@ -96,6 +108,32 @@ pub fn forget_pods_listed_at(
     }
 }
 
+/// Removes everything kept for `owner` (a pod's or a claim's uid): its records, limits files and
+/// accounting directories, found by name (`<owner>_...`), so a half-made set goes too.
+pub fn forget_owner(host_dir: &Path, owner: &str) {
+    let prefix = format!("{owner}_");
+    for sub in [
+        ALLOCATIONS_DIR,
+        crate::allocate::LIMITS_DIR,
+        crate::allocate::CONTAINERS_DIR,
+    ] {
+        let Ok(entries) = std::fs::read_dir(host_dir.join(sub)) else {
+            continue;
+        };
+        for e in entries.filter_map(Result::ok) {
+            if !e.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            let path = e.path();
+            // Not followed: a container's directory is the container's to fill.
+            let _ = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+        }
+    }
+}
+
 /// All readable allocation records.
 pub fn read_records(host_dir: &Path) -> Vec<AllocationRecord> {
     let Ok(entries) = std::fs::read_dir(host_dir.join(ALLOCATIONS_DIR)) else {
@@ -110,13 +148,9 @@ pub fn read_records(host_dir: &Path) -> Vec<AllocationRecord> {
     out
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ContainerLabels {
-    namespace: String,
-    pod: String,
-    container: String,
-    device: String,
-}
+/// A container's labels: namespace, pod, container, device; in DRA mode also the claim (before
+/// the container, which is then the claim's request).
+type ContainerLabels = Vec<(&'static str, String)>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeviceLabels {
@@ -150,12 +184,13 @@ pub fn render(shared: &Shared, backend: Option<&dyn DeviceBackend>) -> String {
             .join(CACHE_FILE);
         let snap = read_accounting(&file).and_then(|b| Snapshot::parse(&b).ok());
         for (i, d) in r.devices.iter().enumerate() {
-            let l = ContainerLabels {
-                namespace: r.namespace.clone(),
-                pod: r.pod.clone(),
-                container: r.container.clone(),
-                device: d.uuid.clone(),
-            };
+            let mut l: ContainerLabels =
+                vec![("namespace", r.namespace.clone()), ("pod", r.pod.clone())];
+            if let Some(claim) = &r.claim {
+                l.push(("claim", claim.clone()));
+            }
+            l.push(("container", r.container.clone()));
+            l.push(("device", d.uuid.clone()));
             limit
                 .get_or_create(&l)
                 .set(i64::try_from(d.memory_mib << 20).unwrap_or(i64::MAX));
@@ -349,6 +384,7 @@ mod tests {
             pod: "p".into(),
             container: "main".into(),
             devices: Vec::new(),
+            claim: None,
         };
         std::fs::create_dir_all(host.join(ALLOCATIONS_DIR)).unwrap();
         std::fs::write(

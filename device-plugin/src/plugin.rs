@@ -161,13 +161,6 @@ impl Shared {
         }
         match claim {
             Ok(claim) => {
-                let dir = allocate::container_dir(
-                    &self.settings.host_dir,
-                    &claim.uid,
-                    &claim.container.name,
-                );
-                create_accounting_dir(&dir)
-                    .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
                 let lift_allowed = self
                     .settings
                     .disable_control_namespaces
@@ -183,29 +176,13 @@ impl Shared {
                         claim.namespace, claim.name, claim.container.name
                     ))
                 })?;
-                for d in &claim.container.devices {
-                    let path = allocate::activity_path(&self.settings.host_dir, &d.uuid);
-                    create_activity_file(&path).map_err(|e| {
-                        Status::internal(format!("creating {}: {e}", path.display()))
-                    })?;
-                }
-                let answer = allocate::assigned(
+                let answer = materialise(
                     &self.settings.host_dir,
                     &claim.uid,
                     &claim.container,
                     &runtime,
-                );
-                // The hook trusts this file over the environment; without it the container must
-                // not start, so a failed write fails the Allocate.
-                let limits = allocate::limits_path(
-                    &self.settings.host_dir,
-                    &claim.uid,
-                    &claim.container.name,
-                );
-                write_atomically(&limits, allocate::limits_contents(&answer).as_bytes())
-                    .map_err(|e| Status::internal(format!("writing {}: {e}", limits.display())))?;
-                // The metrics record is a new file (about 1 ms on a VM disk, the largest step of an
-                // Allocate in the bench): written on a blocking thread while the pod is patched.
+                )
+                .map_err(Status::internal)?;
                 let host = self.settings.host_dir.clone();
                 let record_claim = claim.clone();
                 let record = tokio::task::spawn_blocking(move || {
@@ -372,6 +349,30 @@ pub fn options() -> api::DevicePluginOptions {
 /// directory is mounted into that one container only (at `/tmp/vgpu`), so the mode opens it to
 /// that container's users and to host root; sticky, as `/tmp`, so one user cannot remove
 /// another's file.
+/// Makes on the host what an answer for `container` mounts (its accounting directory, each GPU's
+/// activity file, its limits file) and returns the answer: Allocate's work for one container, and
+/// DRA mode's for one request of a claim (`owner` is the pod's or the claim's uid). Idempotent.
+pub fn materialise(
+    host_dir: &std::path::Path,
+    owner: &str,
+    container: &vgpu_core::assignment::ContainerAssignment,
+    runtime: &allocate::Runtime,
+) -> Result<api::ContainerAllocateResponse, String> {
+    let dir = allocate::container_dir(host_dir, owner, &container.name);
+    create_accounting_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for d in &container.devices {
+        let path = allocate::activity_path(host_dir, &d.uuid);
+        create_activity_file(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    }
+    let answer = allocate::assigned(host_dir, owner, container, runtime);
+    // The hook trusts this file over the environment; without it the container must not start,
+    // so a failed write fails the whole answer.
+    let limits = allocate::limits_path(host_dir, owner, &container.name);
+    write_atomically(&limits, allocate::limits_contents(&answer).as_bytes())
+        .map_err(|e| format!("writing {}: {e}", limits.display()))?;
+    Ok(answer)
+}
+
 fn create_accounting_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
@@ -431,7 +432,7 @@ fn activity_header_ok(path: &std::path::Path) -> bool {
 /// Writes `bytes` to `path` so that a reader sees the old file or the whole new one (a container
 /// that starts while the plugin is writing must never read half a limits file): a temporary file in
 /// the same directory, then rename.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("path has no directory"))?;

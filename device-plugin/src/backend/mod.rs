@@ -118,6 +118,12 @@ pub trait DeviceBackend: Send + Sync + 'static {
     /// All devices, in index order.
     fn devices(&self) -> Result<Vec<Gpu>, BackendError>;
 
+    /// The kernel driver's version (NVML's `nvmlSystemGetDriverVersion`), when the backend can
+    /// tell: a device attribute in DRA mode.
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+
     /// Compute utilization in percent of device `index`, when the backend can tell.
     fn utilization(&self, index: u32) -> Option<u32>;
 

@@ -81,6 +81,10 @@ fn nvlink_peers(d: &nvml_wrapper::Device<'_>) -> Vec<String> {
 }
 
 impl DeviceBackend for NvidiaBackend {
+    fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
     fn vendor(&self) -> &'static str {
         "nvidia"
     }
