@@ -10,6 +10,7 @@
 //! [`cdi`] writes the CDI spec, [`prepare`] serves NodePrepareResources/NodeUnprepareResources,
 //! [`registration`] registers with the kubelet's plugin watcher and serves the sockets.
 
+pub mod authority;
 pub mod cdi;
 pub mod claims;
 pub mod prepare;

@@ -8,6 +8,7 @@
 //! sees as a new plugin. While a driver is unregistered the kubelet may delete its ResourceSlices
 //! after a grace period; [`super::slices::run`] puts them back.
 
+use super::authority;
 use super::prepare::{Dra, ServiceV1, ServiceV1beta1};
 use super::registration_api as reg;
 use super::DRIVER;
@@ -81,6 +82,23 @@ impl reg::registration_server::Registration for Registration {
     }
 }
 
+/// Connections accepted on `listener`, each relayed through [`authority::relay`] (see there why).
+fn relayed(
+    listener: UnixListener,
+) -> impl futures::Stream<Item = std::io::Result<authority::Conn>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let next = match listener.accept().await {
+            Ok((client, _)) => {
+                let (ours, server) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(authority::relay(client, ours));
+                Ok(authority::Conn(server))
+            }
+            Err(e) => Err(e),
+        };
+        Some((next, listener))
+    })
+}
+
 fn bind(path: &Path) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -115,10 +133,7 @@ pub async fn serve(
                 .add_service(super::api_v1beta1::dra_plugin_server::DraPluginServer::new(
                     ServiceV1beta1(dra.clone()),
                 ))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(svc_listener),
-                    stopped(stop_rx.clone()),
-                ),
+                .serve_with_incoming_shutdown(relayed(svc_listener), stopped(stop_rx.clone())),
         );
         let reg_listener = bind(&registration)?;
         let regs = tokio::spawn(
@@ -128,10 +143,7 @@ pub async fn serve(
                         endpoint: service.display().to_string(),
                     },
                 ))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(reg_listener),
-                    stopped(stop_rx),
-                ),
+                .serve_with_incoming_shutdown(relayed(reg_listener), stopped(stop_rx)),
         );
         tracing::info!(service = %service.display(), registration = %registration.display(), "serving");
         let stop = loop {
