@@ -763,7 +763,13 @@ pub fn clean_slate(c: &Cluster) {
         "mutatingwebhookconfiguration/vgpu-mutate",
         "validatingwebhookconfiguration/vgpu-validate",
     ]);
-    c.delete(&["namespace", TENANT, BURST]);
+    c.delete(&["namespace", TENANT, BURST, crate::dra::NS_DRA]);
+    c.delete(&["deviceclass", "gpu.vgpu.io"]);
+    c.delete(&[
+        "resourceslice",
+        "--field-selector",
+        "spec.driver=gpu.vgpu.io",
+    ]);
 }
 
 /// The whole install phase.

@@ -9,6 +9,7 @@
 //! one left (a pod running, a quota half used). Every assertion names the step and the part whose
 //! answer disagreed.
 
+mod dra;
 mod faults;
 mod fixtures;
 mod image;
@@ -65,9 +66,28 @@ fn real_cluster() {
         faults::run(&mut j);
         j.cleanup();
         scale::tier_step(j.parts);
+        dra::run(j.parts);
     }
     install::run(&cluster, work.path());
     report(&format!("passed in {:.0?}", started.elapsed()));
+}
+
+/// The DRA journey alone (step 10 of `real_cluster`), for working on DRA mode:
+/// `VGPU_CLUSTER=$HOME/kube-local cargo test -p vgpu-tests --test cluster dra_journey -- --ignored`.
+#[test]
+#[ignore = "a part of real_cluster; run with --ignored"]
+fn dra_journey() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    install::clean_slate(&cluster);
+    let work = tempfile::Builder::new()
+        .prefix("vgpu-cluster-")
+        .tempdir()
+        .expect("tempdir");
+    image::build_and_import(work.path());
+    let mut parts = parts::Parts::prepare(&cluster);
+    dra::run(&mut parts);
 }
 
 /// The scale benchmark (docs/BENCHMARKS.md, "Scale through the real kube-scheduler"): run on

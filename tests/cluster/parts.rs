@@ -98,6 +98,8 @@ pub struct Parts<'c> {
     pub scheduler: Option<Scheduler>,
     /// The device plugin.
     pub plugin: Option<DevicePlugin>,
+    /// The DRA plugin (the device plugin's binary in `--mode=dra`).
+    pub dra: Option<DevicePlugin>,
     /// The rendered chart.
     pub chart: Chart,
     /// The webhook's CA (PEM).
@@ -163,6 +165,7 @@ impl<'c> Parts<'c> {
             webhook: None,
             scheduler: None,
             plugin: None,
+            dra: None,
             chart,
         }
     }
@@ -374,10 +377,9 @@ impl<'c> Parts<'c> {
         s.extender = p;
     }
 
-    /// Runs the DaemonSet's init step (`--install-lib`) and starts the device plugin with the
-    /// chart's args, the fake NVML standing in for the driver.
-    pub fn start_device_plugin(&mut self) {
-        let host_dir = self.tmp.path().join("host-vgpu");
+    /// Runs the DaemonSet's init step (`--install-lib`) into `host_dir` and writes the fake
+    /// NVML's configuration (the node's one GPU); its path.
+    fn node_agent_setup(&self, host_dir: &Path) -> PathBuf {
         let bin = vgpu_tests::binary("vgpu-device-plugin");
         let out = Command::new(&bin)
             .arg(format!("--install-lib={}", host_dir.display()))
@@ -395,6 +397,14 @@ impl<'c> Parts<'c> {
                 .to_string(),
         )
         .expect("write nvml config");
+        nvml
+    }
+
+    /// Runs the DaemonSet's init step (`--install-lib`) and starts the device plugin with the
+    /// chart's args, the fake NVML standing in for the driver.
+    pub fn start_device_plugin(&mut self) {
+        let host_dir = self.tmp.path().join("host-vgpu");
+        let nvml = self.node_agent_setup(&host_dir);
         let kubeconfig = self.kubeconfig_for("vgpu-device-plugin");
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut cmd = without(
@@ -428,6 +438,56 @@ impl<'c> Parts<'c> {
             cmd,
             envs,
         });
+    }
+
+    /// Stops the device plugin (the node changes mode).
+    pub fn stop_device_plugin(&mut self) {
+        self.plugin = None;
+    }
+
+    /// Starts the node agent in DRA mode with the args of the chart rendered with
+    /// `dra.enabled=true` (and no vendor CDI kind: the fake GPU has no NVIDIA spec), its RBAC
+    /// applied; waits until the kubelet has registered it.
+    pub fn start_dra_plugin(&mut self, chart: &Chart) {
+        self.cluster.apply(&rbac_list(chart).to_string());
+        let host_dir = self.tmp.path().join("host-vgpu-dra");
+        let nvml = self.node_agent_setup(&host_dir);
+        let kubeconfig = self.kubeconfig_for("vgpu-device-plugin");
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut cmd = without(
+            args(chart.container("DaemonSet", "vgpu-dra-plugin", "dra-plugin")),
+            &["--host-dir", "--metrics-listen", "--nvml-lib"],
+        );
+        cmd.extend([
+            format!("--host-dir={}", host_dir.display()),
+            format!("--metrics-listen={metrics}"),
+            format!("--nvml-lib={}", vgpu_tests::cdylib("fake_nvml").display()),
+            format!("--node-name={}", self.cluster.node),
+        ]);
+        let envs = vec![
+            ("KUBECONFIG".to_string(), kubeconfig),
+            ("FAKE_NVML_CONFIG".to_string(), nvml),
+        ];
+        let mut proc = launch_plugin(&cmd, &envs);
+        proc.wait_for_line(START, |l| l.contains("registered with the kubelet"));
+        self.dra = Some(DevicePlugin {
+            proc,
+            metrics,
+            cmd,
+            envs,
+        });
+    }
+
+    /// Kills the DRA plugin (SIGKILL) and starts it again with the same flags; returns how long
+    /// the new one took until the kubelet registered it.
+    pub fn restart_dra_plugin(&mut self) -> std::time::Duration {
+        let p = self.dra.as_mut().expect("DRA plugin");
+        p.proc.kill();
+        let started = std::time::Instant::now();
+        p.proc = launch_plugin(&p.cmd, &p.envs);
+        p.proc
+            .wait_for_line(START, |l| l.contains("registered with the kubelet"));
+        started.elapsed()
     }
 
     /// Waits until the node advertises the split GPU (`--split-count` devices, allocatable) and the

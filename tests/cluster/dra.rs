@@ -1,0 +1,310 @@
+//! Step 10: DRA mode. The node changes mode (device plugin off, the DRA plugin of the chart
+//! rendered with `dra.enabled=true` on), and pods ask with native ResourceClaims of DeviceClass
+//! `gpu.vgpu.io`: the slice is published, kube-scheduler allocates shares of the one GPU, the
+//! plugin prepares them through CDI, and the probe in the container sees its slice, capped by
+//! libvgpu.so. Then capacity runs out, deletes free it, and the plugin and the kubelet restart
+//! under running pods.
+
+use crate::image::PROBE_IMAGE;
+use crate::journey::http_get;
+use crate::kube::{Cluster, WAIT};
+use crate::parts::{Parts, GPU_UUID};
+use crate::report;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The DRA journey's namespace (not labelled for the webhook: DRA pods need no mutation).
+pub const NS_DRA: &str = "vgpu-tier-dra";
+const MIB: u64 = 1 << 20;
+/// Where containerd reads CDI specs and the plugin writes them (the chart's `dra.cdiDir`).
+const CDI_DIR: &str = "/var/run/cdi";
+
+/// A claim template asking one share of `mib` MiB and `cores` percent.
+fn template(name: &str, mib: u64, cores: u32) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS_DRA},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.vgpu.io",
+            "capacity": {"requests": {"memory": format!("{mib}Mi"), "cores": cores.to_string()}}}}]}}}})
+}
+
+/// The probe (restricted Pod Security) with one claim from `template`, running `args`.
+fn dra_pod(name: &str, template: &str, args: &[&str]) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS_DRA},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "args": args,
+                "env": [{"name": "FAKE_CUDA_DEVICE_MEMORY", "value": "24g"}],
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}},
+                "resources": {"claims": [{"name": "gpu"}]}}]}})
+}
+
+const HOLD: [&str; 5] = ["direct", "init", "ctx:0", "info", "hold:3600000"];
+
+/// The generated claim of pod `name` and its allocation result.
+fn claim_of(c: &Cluster, name: &str, step: &str) -> (String, String, Value) {
+    let pod = c
+        .pod(NS_DRA, name)
+        .unwrap_or_else(|| panic!("{step}: no pod {name}"));
+    let claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{step}: pod {name} has no generated claim: {pod}"))
+        .to_string();
+    let obj = c.json(&["get", "resourceclaim", &claim, "-n", NS_DRA]);
+    let uid = obj["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (
+        claim,
+        uid,
+        obj["status"]["allocation"]["devices"]["results"][0].clone(),
+    )
+}
+
+fn cdi_spec(uid: &str) -> PathBuf {
+    PathBuf::from(CDI_DIR).join(format!("gpu.vgpu.io-claim_{uid}.json"))
+}
+
+fn exec_probe(c: &Cluster, pod: &str, args: &[&str]) -> String {
+    let mut a = vec!["exec", pod, "-n", NS_DRA, "--", "/bin/probe", "direct"];
+    a.extend(args);
+    c.kubectl(&a).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The probe run again inside `pod`: `mib` MiB is its slice, one MiB more is refused.
+fn still_capped(c: &Cluster, pod: &str, mib: u64, step: &str) {
+    let out = exec_probe(
+        c,
+        pod,
+        &[
+            "init",
+            "ctx:0",
+            &format!("alloc:{}m", mib - 1),
+            "alloc:2m",
+            "info",
+        ],
+    );
+    for want in [
+        format!("alloc {} = 0", (mib - 1) * MIB),
+        format!("alloc {} = 2", 2 * MIB),
+        format!("info = 0 free {MIB} total {}", mib * MIB),
+    ] {
+        assert!(
+            out.lines().any(|l| l == want),
+            "{step}: {pod}: no line {want:?}:\n{out}"
+        );
+    }
+}
+
+/// The DRA journey; leaves the node without a vgpu node agent.
+pub fn run(parts: &mut Parts<'_>) {
+    let c = parts.cluster;
+    let started = std::time::Instant::now();
+    let helm = vgpu_tests::helm::helm().expect("helm");
+    let chart =
+        vgpu_tests::helm::Chart::render(&helm, "1.36.2", &["dra.enabled=true", "dra.gpuCdiKind="]);
+    parts.stop_device_plugin();
+    c.apply(&chart.get("DeviceClass", "gpu.vgpu.io").to_string());
+    c.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_DRA,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        .to_string(),
+    );
+    parts.start_dra_plugin(&chart);
+
+    let step = "step 10a (DRA: the slice)";
+    let slice_name = format!("{}-gpu.vgpu.io", c.node);
+    let slice = vgpu_tests::wait_for(WAIT, &format!("{step}: ResourceSlice {slice_name}"), || {
+        let s = c.get(&["resourceslice", &slice_name])?;
+        (s["spec"]["devices"][0]["attributes"]["uuid"]["string"] == GPU_UUID).then_some(s)
+    });
+    let dev = &slice["spec"]["devices"][0];
+    assert_eq!(dev["name"], "gpu-0", "{step}: {slice}");
+    assert_eq!(dev["allowMultipleAllocations"], true, "{step}: {slice}");
+    assert_eq!(
+        dev["capacity"]["memory"]["value"], "24Gi",
+        "{step}: {slice}"
+    );
+    assert_eq!(dev["capacity"]["cores"]["value"], "100", "{step}: {slice}");
+    assert_eq!(
+        dev["attributes"]["productName"]["string"], "NVIDIA A10",
+        "{step}: {slice}"
+    );
+    assert_eq!(
+        slice["spec"]["pool"]["name"],
+        c.node.as_str(),
+        "{step}: {slice}"
+    );
+    let generation = slice["spec"]["pool"]["generation"].clone();
+
+    let step = "step 10b (DRA: a claim of 4 GiB and 30 % runs capped)";
+    c.apply(&template("slice-4g", 4096, 30).to_string());
+    c.create(&dra_pod(
+        "dra-a",
+        "slice-4g",
+        &[
+            "direct",
+            "init",
+            "ctx:0",
+            "alloc:4095m",
+            "alloc:1m",
+            "alloc:2m",
+            "info",
+            "hold:3600000",
+        ],
+    ))
+    .unwrap_or_else(|e| panic!("{step}: {e}"));
+    c.wait_running(NS_DRA, "dra-a", step);
+    let logs = c.logs_until(NS_DRA, "dra-a", step, |l| l.starts_with("info"));
+    for want in [
+        format!("alloc {} = 0", 4095 * MIB),
+        format!("alloc {MIB} = 0"),
+        format!("alloc {} = 2", 2 * MIB),
+        format!("info = 0 free 0 total {}", 4096 * MIB),
+    ] {
+        assert!(
+            logs.lines().any(|l| l == want),
+            "{step}: no line {want:?} (CUDA_ERROR_OUT_OF_MEMORY is 2):\n{logs}"
+        );
+    }
+    let (claim_a, uid_a, result_a) = claim_of(c, "dra-a", step);
+    assert_eq!(
+        result_a["consumedCapacity"],
+        json!({"memory": "4Gi", "cores": "30"}),
+        "{step}: {result_a}"
+    );
+    assert!(
+        cdi_spec(&uid_a).exists(),
+        "{step}: no CDI spec {}",
+        cdi_spec(&uid_a).display()
+    );
+    let metrics = parts.dra.as_ref().map(|d| d.metrics).expect("DRA plugin");
+    let want = format!(
+        "vgpu_container_memory_limit_bytes{{namespace=\"{NS_DRA}\",pod=\"dra-a\",claim=\"{claim_a}\",container=\"gpu\",device=\"{GPU_UUID}\"}} {}",
+        4096 * MIB
+    );
+    let body = http_get(metrics, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(
+        body.lines().any(|l| l == want),
+        "{step}: /metrics has no {want:?}:\n{body}"
+    );
+
+    let step = "step 10c (DRA: two pods share the GPU)";
+    c.create(&dra_pod("dra-b", "slice-4g", &HOLD))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    c.wait_running(NS_DRA, "dra-b", step);
+    let (_, uid_b, result_b) = claim_of(c, "dra-b", step);
+    assert_eq!(result_b["device"], result_a["device"], "{step}: {result_b}");
+    assert_ne!(
+        result_b["shareID"], result_a["shareID"],
+        "{step}: {result_b}"
+    );
+    still_capped(c, "dra-b", 4096, step);
+
+    let step = "step 10d (DRA: capacity exhausted, then freed)";
+    c.apply(&template("slice-20g", 20480, 10).to_string());
+    c.create(&dra_pod("dra-c", "slice-20g", &HOLD))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    let why = vgpu_tests::wait_for(WAIT, &format!("{step}: a FailedScheduling event"), || {
+        c.events(NS_DRA)
+            .into_iter()
+            .find(|(o, r, _)| o == "dra-c" && r == "FailedScheduling")
+            .map(|(_, _, m)| m)
+    });
+    assert!(why.contains("cannot allocate all claims"), "{step}: {why}");
+    report(&format!(
+        "DRA: 4+4+20 GiB of a 24 GiB GPU: kube-scheduler says {why:?}"
+    ));
+    c.delete(&["pod", "dra-a", "-n", NS_DRA]);
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: the CDI spec of dra-a's claim is removed"),
+        || (!cdi_spec(&uid_a).exists()).then_some(()),
+    );
+    c.wait_running(NS_DRA, "dra-c", step);
+    let (_, uid_c, _) = claim_of(c, "dra-c", step);
+
+    let step = "step 10e (DRA: plugin SIGKILL)";
+    let back = parts.restart_dra_plugin();
+    report(&format!(
+        "DRA plugin killed and restarted: registered again {:.2} s after its start",
+        back.as_secs_f64()
+    ));
+    let pod = c.wait_running(NS_DRA, "dra-b", step);
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["restartCount"], 0,
+        "{step}: {pod}"
+    );
+    still_capped(c, "dra-b", 4096, step);
+    let slice = c.json(&["get", "resourceslice", &slice_name]);
+    assert_eq!(
+        slice["spec"]["pool"]["generation"], generation,
+        "{step}: the same devices, the same generation: {slice}"
+    );
+
+    let step = "step 10f (DRA: kubelet restart)";
+    if let Some(scripts) = std::env::var_os("VGPU_CLUSTER_SCRIPTS").map(PathBuf::from) {
+        let before = registrations(parts);
+        let pid = std::fs::read_to_string(c.dir.join("run/kubelet.pid")).expect("kubelet pid");
+        assert!(std::process::Command::new("kill")
+            .arg(pid.trim())
+            .status()
+            .expect("kill")
+            .success());
+        let gone = format!("/proc/{}", pid.trim());
+        vgpu_tests::wait_for(WAIT, &format!("{step}: the kubelet stops"), || {
+            (!std::path::Path::new(&gone).exists()).then_some(())
+        });
+        let out = std::process::Command::new("bash")
+            .arg(scripts.join("node-up.sh"))
+            .env("KUBE_LOCAL", &c.dir)
+            .output()
+            .expect("node-up.sh");
+        assert!(out.status.success(), "{step}: node-up.sh: {out:?}");
+        vgpu_tests::wait_for(
+            Duration::from_secs(60),
+            &format!("{step}: the kubelet registers the plugin again"),
+            || (registrations(parts) > before).then_some(()),
+        );
+        for p in ["dra-b", "dra-c"] {
+            c.wait_running(NS_DRA, p, step);
+        }
+        still_capped(c, "dra-c", 20480, step);
+    } else {
+        report("DRA kubelet restart: skipped (set VGPU_CLUSTER_SCRIPTS)");
+    }
+
+    let step = "step 10g (DRA: deletes unprepare)";
+    c.delete(&["pod", "dra-b", "dra-c", "-n", NS_DRA]);
+    vgpu_tests::wait_for(WAIT, &format!("{step}: the CDI specs are removed"), || {
+        (!cdi_spec(&uid_b).exists() && !cdi_spec(&uid_c).exists()).then_some(())
+    });
+    parts.dra = None;
+    c.delete(&["namespace", NS_DRA]);
+    c.delete(&["resourceslice", &slice_name]);
+    c.delete(&["deviceclass", "gpu.vgpu.io"]);
+    report(&format!("DRA journey passed in {:.0?}", started.elapsed()));
+}
+
+/// How many times the kubelet has registered the running DRA plugin.
+fn registrations(parts: &Parts<'_>) -> usize {
+    parts
+        .dra
+        .as_ref()
+        .map(|d| {
+            d.proc
+                .output()
+                .iter()
+                .filter(|l| l.contains("registered with the kubelet"))
+                .count()
+        })
+        .unwrap_or(0)
+}
