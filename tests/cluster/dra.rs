@@ -116,7 +116,11 @@ pub fn run(parts: &mut Parts<'_>) {
         "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
         .to_string(),
     );
-    parts.start_dra_plugin(&chart);
+    parts.switch_chart(chart);
+    if parts.webhook.is_none() {
+        parts.start_webhook();
+    }
+    parts.start_dra_plugin();
 
     let step = "step 10a (DRA: the slice)";
     let slice_name = format!("{}-gpu.vgpu.io", c.node);
@@ -142,6 +146,27 @@ pub fn run(parts: &mut Parts<'_>) {
         "{step}: {slice}"
     );
     let generation = slice["spec"]["pool"]["generation"].clone();
+
+    let step = "step 10a (DRA: impossible claims are refused at admission, naming the field)";
+    let mut bad = template("too-many-cores", 4096, 150);
+    bad["kind"] = json!("ResourceClaim");
+    bad["spec"] = bad["spec"]["spec"].clone();
+    let err = c.create(&bad).expect_err(step);
+    assert!(
+        err.contains("spec.devices.requests[0].exactly.capacity.requests.cores: 150 is more than a GPU has (100, percent of its SMs)"),
+        "{step}: {err}"
+    );
+    let err = c
+        .create(&template("too-much-memory", 48 * 1024, 10))
+        .expect_err(step);
+    assert!(
+        err.contains(&format!("spec.spec.devices.requests[0].exactly.capacity.requests.memory: 48Gi is more than the largest GPU of class gpu.vgpu.io has (24Gi on node {})", c.node)),
+        "{step}: {err}"
+    );
+    report(&format!(
+        "DRA: a 48 GiB claim template is refused: {}",
+        err.trim()
+    ));
 
     let step = "step 10b (DRA: a claim of 4 GiB and 30 % runs capped)";
     c.apply(&template("slice-4g", 4096, 30).to_string());
@@ -282,7 +307,34 @@ pub fn run(parts: &mut Parts<'_>) {
         report("DRA kubelet restart: skipped (set VGPU_CLUSTER_SCRIPTS)");
     }
 
-    let step = "step 10g (DRA: deletes unprepare)";
+    let step =
+        "step 10g (DRA: an XID taints the GPU; running pods keep it, a claim on it is warned)";
+    std::fs::write(parts.nvml_events(), "0 79\n").expect("append an XID");
+    let tainted = vgpu_tests::wait_for(WAIT, &format!("{step}: the slice's GPU tainted"), || {
+        let s = c.get(&["resourceslice", &slice_name])?;
+        (s["spec"]["devices"][0]["taints"][0]["key"] == "gpu.vgpu.io/unhealthy").then_some(s)
+    });
+    assert_ne!(
+        tainted["spec"]["pool"]["generation"], generation,
+        "{step}: a changed device bumps the pool's generation: {tainted}"
+    );
+    let on_sick = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "on-sick", "namespace": NS_DRA},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.vgpu.io",
+            "selectors": [{"cel": {"expression": format!("device.attributes[\"gpu.vgpu.io\"].uuid == \"{GPU_UUID}\"")}}],
+            "capacity": {"requests": {"memory": "1Gi"}}}}]}}});
+    let warnings = c
+        .create_warnings(&on_sick)
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    assert!(
+        warnings.contains(&format!("spec.devices.requests[0].exactly: every GPU it can use is unhealthy ({GPU_UUID} (gpu-0) on node {}: taint gpu.vgpu.io/unhealthy)", c.node)),
+        "{step}: kubectl's warnings: {warnings}"
+    );
+    for p in ["dra-b", "dra-c"] {
+        c.wait_running(NS_DRA, p, step);
+    }
+
+    let step = "step 10h (DRA: deletes unprepare)";
     c.delete(&["pod", "dra-b", "dra-c", "-n", NS_DRA]);
     vgpu_tests::wait_for(WAIT, &format!("{step}: the CDI specs are removed"), || {
         (!cdi_spec(&uid_b).exists() && !cdi_spec(&uid_c).exists()).then_some(())

@@ -391,13 +391,32 @@ impl<'c> Parts<'c> {
             .expect("run --install-lib");
         assert!(out.status.success(), "device plugin --install-lib: {out:?}");
         let nvml = self.tmp.path().join("nvml.json");
+        let events = self.nvml_events();
+        std::fs::write(&events, "").expect("write the NVML events file");
         std::fs::write(
             &nvml,
-            json!({"gpus": [{"uuid": GPU_UUID, "name": GPU_MODEL, "memoryMib": GPU_MIB}]})
-                .to_string(),
+            json!({"gpus": [{"uuid": GPU_UUID, "name": GPU_MODEL, "memoryMib": GPU_MIB}],
+                "eventsFile": events})
+            .to_string(),
         )
         .expect("write nvml config");
         nvml
+    }
+
+    /// The fake NVML's events file: a line `<gpu index> <xid>` appended there is an XID event
+    /// for the running node agent.
+    pub fn nvml_events(&self) -> PathBuf {
+        self.tmp.path().join("nvml-events.txt")
+    }
+
+    /// Switches to `chart` (rendered with other values): its RBAC applied, and the running
+    /// webhook registered with its webhook configurations.
+    pub fn switch_chart(&mut self, chart: Chart) {
+        self.chart = chart;
+        self.cluster.apply(&rbac_list(&self.chart).to_string());
+        if let Some(addr) = self.webhook.as_ref().map(|w| w.addr) {
+            self.register_webhooks(addr);
+        }
     }
 
     /// Runs the DaemonSet's init step (`--install-lib`) and starts the device plugin with the
@@ -445,11 +464,10 @@ impl<'c> Parts<'c> {
         self.plugin = None;
     }
 
-    /// Starts the node agent in DRA mode with the args of the chart rendered with
-    /// `dra.enabled=true` (and no vendor CDI kind: the fake GPU has no NVIDIA spec), its RBAC
-    /// applied; waits until the kubelet has registered it.
-    pub fn start_dra_plugin(&mut self, chart: &Chart) {
-        self.cluster.apply(&rbac_list(chart).to_string());
+    /// Starts the node agent in DRA mode with the chart's args (a chart rendered with
+    /// `dra.enabled=true`, see [`Self::switch_chart`]); waits until the kubelet has registered it.
+    pub fn start_dra_plugin(&mut self) {
+        let chart = &self.chart;
         let host_dir = self.tmp.path().join("host-vgpu-dra");
         let nvml = self.node_agent_setup(&host_dir);
         let kubeconfig = self.kubeconfig_for("vgpu-device-plugin");

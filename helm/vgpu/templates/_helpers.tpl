@@ -165,3 +165,9 @@ spec:
     - {name: scheduler-certs, emptyDir: {medium: Memory}}
     {{- end }}
 {{- end -}}
+
+{{/* CEL: a ResourceClaim or ResourceClaimTemplate with a request (or firstAvailable
+alternative) of DeviceClass gpu.vgpu.io. */}}
+{{- define "vgpu.asksDraClass" -}}
+[object.kind == 'ResourceClaimTemplate' ? object.spec.spec : object.spec].exists(s, has(s.devices) && has(s.devices.requests) && s.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName == 'gpu.vgpu.io') || (has(r.firstAvailable) && r.firstAvailable.exists(a, a.deviceClassName == 'gpu.vgpu.io'))))
+{{- end -}}

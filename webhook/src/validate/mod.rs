@@ -7,6 +7,7 @@
 //! that have a vGPU quota.
 
 pub mod cache;
+pub mod claim;
 pub mod events;
 pub mod ledger;
 pub mod ledger_namespace;
@@ -220,6 +221,9 @@ impl Validator {
 
     /// The decision for one review.
     pub async fn decide(&self, request: &AdmissionRequest) -> Decision {
+        if request.kind.group == "resource.k8s.io" {
+            return self.decide_claim(request).await;
+        }
         let a = match self.precheck(request) {
             Continue(a) => a,
             Break(d) => return d,
@@ -236,6 +240,55 @@ impl Validator {
                 ),
                 "unavailable",
             ),
+        }
+    }
+
+    /// A ResourceClaim or ResourceClaimTemplate ([`claim`]): refused when it asks class
+    /// `gpu.vgpu.io` for what no published GPU can give, warned when only unhealthy GPUs can.
+    async fn decide_claim(&self, request: &AdmissionRequest) -> Decision {
+        let allow = AdmissionResponse::allow(&request.uid);
+        let kind = request.kind.kind.as_str();
+        let claim_kind = matches!(kind, "ResourceClaim" | "ResourceClaimTemplate");
+        if !claim_kind || request.operation != "CREATE" || request.sub_resource.is_some() {
+            return (allow, "skipped");
+        }
+        let Some(object) = &request.object else {
+            return (
+                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
+                "invalid",
+            );
+        };
+        if !claim::asks_for_us(kind, object) {
+            return (allow, "no-vgpu");
+        }
+        let cards = match &self.client {
+            None => None,
+            Some(client) => {
+                let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+                    Api::all(client.clone());
+                let lp = kube::api::ListParams::default()
+                    .fields(&format!("spec.driver={}", claim::CLASS));
+                match tokio::time::timeout(Duration::from_secs(2), api.list(&lp)).await {
+                    Ok(Ok(list)) => Some(claim::cards(&list.items)),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "listing ResourceSlices; checking the claim without them");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "listing ResourceSlices timed out; checking the claim without them"
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        match claim::check(kind, object, cards.as_deref()) {
+            Err(why) => (
+                allow.deny(422, "Invalid", format!("vgpu: {why}")),
+                "invalid-claim",
+            ),
+            Ok(warnings) => (allow.with_warnings(warnings), "claim"),
         }
     }
 
