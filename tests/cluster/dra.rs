@@ -333,6 +333,19 @@ pub fn run(parts: &mut Parts<'_>) {
     for p in ["dra-b", "dra-c"] {
         c.wait_running(NS_DRA, p, step);
     }
+    // The plugin's health stream reaches the pods' status (KEP-4680).
+    let status = vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: dra-b's allocatedResourcesStatus says Unhealthy"),
+        || {
+            let pod = c.pod(NS_DRA, "dra-b")?;
+            let s = pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"].clone();
+            s.to_string().contains("\"Unhealthy\"").then_some(s)
+        },
+    );
+    report(&format!(
+        "DRA: after the XID, dra-b's allocatedResourcesStatus: {status}"
+    ));
 
     let step = "step 10h (DRA: deletes unprepare)";
     c.delete(&["pod", "dra-b", "dra-c", "-n", NS_DRA]);

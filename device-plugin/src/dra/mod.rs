@@ -8,11 +8,13 @@
 //!
 //! The parts: [`slices`] publishes the ResourceSlice, [`claims`] reads a claim's allocation,
 //! [`cdi`] writes the CDI spec, [`prepare`] serves NodePrepareResources/NodeUnprepareResources,
-//! [`registration`] registers with the kubelet's plugin watcher and serves the sockets.
+//! [`health`] streams the GPUs' health to the kubelet, [`registration`] registers with the
+//! kubelet's plugin watcher and serves the sockets.
 
 pub mod authority;
 pub mod cdi;
 pub mod claims;
+pub mod health;
 pub mod prepare;
 pub mod registration;
 pub mod slices;
@@ -37,6 +39,13 @@ pub mod api_v1 {
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
 pub mod api_v1beta1 {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+}
+
+/// The kubelet's DRA resource health API, v1alpha1 (generated from
+/// `proto/dra_health_v1alpha1.proto`).
+#[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
+pub mod health_api {
+    tonic::include_proto!("v1alpha1");
 }
 
 /// The kubelet plugin registration API (generated from `proto/pluginregistration_v1.proto`).

@@ -98,6 +98,11 @@ impl Dra {
         })
     }
 
+    /// The node's devices and settings.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
     fn checkpoint_path(&self, uid: &str) -> PathBuf {
         self.shared
             .settings

@@ -133,6 +133,11 @@ pub async fn serve(
                 .add_service(super::api_v1beta1::dra_plugin_server::DraPluginServer::new(
                     ServiceV1beta1(dra.clone()),
                 ))
+                .add_service(
+                    super::health_api::dra_resource_health_server::DraResourceHealthServer::new(
+                        super::health::HealthService(dra.shared()),
+                    ),
+                )
                 .serve_with_incoming_shutdown(relayed(svc_listener), stopped(stop_rx.clone())),
         );
         let reg_listener = bind(&registration)?;
