@@ -29,6 +29,8 @@ pub struct ApiAccess {
     pub scope: Scope,
     /// Why.
     pub why: &'static str,
+    /// Granted only when the chart turns DRA mode on (`dra.enabled`).
+    pub dra_only: bool,
 }
 
 impl ApiAccess {
@@ -45,6 +47,20 @@ impl ApiAccess {
             verbs,
             scope: Scope::Cluster,
             why,
+            dra_only: false,
+        }
+    }
+
+    /// A cluster-wide grant of DRA mode only.
+    const fn dra(
+        group: &'static str,
+        resource: &'static str,
+        verbs: &'static [&'static str],
+        why: &'static str,
+    ) -> ApiAccess {
+        ApiAccess {
+            dra_only: true,
+            ..ApiAccess::cluster(group, resource, verbs, why)
         }
     }
 }
@@ -89,6 +105,12 @@ pub const WEBHOOK: Component = Component {
             &["create", "get", "update"],
             "record each rejection as an Event (get, update: aggregate repeats in its series)",
         ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceslices",
+            &["list"],
+            "DRA mode: the published GPUs, to refuse a claim no GPU can serve",
+        ),
         ApiAccess {
             group: "",
             resource: "configmaps",
@@ -96,6 +118,7 @@ pub const WEBHOOK: Component = Component {
             verbs: &["create", "get", "update"],
             scope: Scope::ReleaseNamespace,
             why: "the quota reservation ledgers (one ConfigMap per tenant namespace, compare-and-swap)",
+            dra_only: false,
         },
     ],
     builtin_roles: &[],
@@ -136,6 +159,7 @@ pub const SCHEDULER: Component = Component {
             verbs: &["create"],
             scope: Scope::ReleaseNamespace,
             why: "kube-scheduler creates its leader-election lease",
+            dra_only: false,
         },
         ApiAccess {
             group: "coordination.k8s.io",
@@ -144,6 +168,7 @@ pub const SCHEDULER: Component = Component {
             verbs: &["get", "update"],
             scope: Scope::ReleaseNamespace,
             why: "kube-scheduler renews its leader-election lease (named after the profile)",
+            dra_only: false,
         },
     ],
     builtin_roles: &[
@@ -161,13 +186,25 @@ pub const DEVICE_PLUGIN: Component = Component {
             "",
             "nodes",
             &["get", "patch"],
-            "publish the node's GPU inventory and heartbeat as annotations",
+            "publish the node's GPU inventory and heartbeat as annotations (DRA mode: get, the slice's owner)",
         ),
         ApiAccess::cluster(
             "",
             "pods",
             &["get", "list", "watch", "patch"],
             "find the pod an Allocate call is for and mark its assignment as allocated",
+        ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceslices",
+            &["list", "watch", "create", "update", "delete"],
+            "DRA mode: publish the node's ResourceSlice (one device per GPU) and keep it",
+        ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceclaims",
+            &["get"],
+            "DRA mode: read the allocation of a claim the kubelet asks to prepare",
         ),
     ],
     builtin_roles: &[],
@@ -184,6 +221,7 @@ pub const CERTS: Component = Component {
             verbs: &["create"],
             scope: Scope::ReleaseNamespace,
             why: "create the webhook's TLS Secret on first install",
+            dra_only: false,
         },
         ApiAccess {
             group: "",
@@ -192,6 +230,7 @@ pub const CERTS: Component = Component {
             verbs: &["get", "update"],
             scope: Scope::ReleaseNamespace,
             why: "read and renew that Secret, and nothing else",
+            dra_only: false,
         },
         ApiAccess {
             group: "admissionregistration.k8s.io",
@@ -200,6 +239,7 @@ pub const CERTS: Component = Component {
             verbs: &["get", "patch"],
             scope: Scope::Cluster,
             why: "set the caBundle of vgpu's own mutating webhook",
+            dra_only: false,
         },
         ApiAccess {
             group: "admissionregistration.k8s.io",
@@ -208,6 +248,7 @@ pub const CERTS: Component = Component {
             verbs: &["get", "patch"],
             scope: Scope::Cluster,
             why: "set the caBundle of vgpu's own validating webhook",
+            dra_only: false,
         },
     ],
     builtin_roles: &[],

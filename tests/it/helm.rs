@@ -60,6 +60,9 @@ fn check_typed(doc: &Value) {
         ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
             round_trip::<adm::ValidatingWebhookConfiguration>(doc)
         }
+        ("resource.k8s.io/v1", "DeviceClass") => {
+            round_trip::<k8s_openapi::api::resource::v1::DeviceClass>(doc)
+        }
         // cert-manager's CRDs (not in k8s-openapi): only these kinds are expected.
         ("cert-manager.io/v1", "Issuer" | "Certificate") => return,
         other => panic!("unexpected kind {other:?}: not a stable API of Kubernetes 1.28+"),
@@ -176,7 +179,8 @@ fn check_common(chart: &Chart) {
                 "RuntimeDefault",
                 "{name}/{cname}: no RuntimeDefault seccomp profile"
             );
-            if name != "vgpu-device-plugin" {
+            // The node agents write the kubelet's root-owned directories.
+            if name != "vgpu-device-plugin" && name != "vgpu-dra-plugin" {
                 assert_eq!(
                     either("runAsNonRoot"),
                     true,
@@ -322,7 +326,8 @@ fn check_rbac(chart: &Chart) {
             granted.extend(grants_of(&role["rules"], scope));
         }
         let mut expected = BTreeSet::new();
-        for a in component.rules {
+        let dra = chart.all("DeviceClass").next().is_some();
+        for a in component.rules.iter().filter(|a| dra || !a.dra_only) {
             let scope = match a.scope {
                 Scope::Cluster => "Cluster",
                 Scope::ReleaseNamespace => "ReleaseNamespace",
@@ -451,7 +456,11 @@ fn check_webhooks(chart: &Chart, resource: &str, mem: &str) {
     ] {
         let cfg = chart.get(kind, &name);
         let hooks = cfg["webhooks"].as_array().unwrap();
-        assert_eq!(hooks.len(), 1);
+        // With dra.enabled the validating configuration also has the claims webhook (checked in
+        // chart_turns_on_dra_mode); the pods' comes first.
+        let dra = chart.all("DeviceClass").next().is_some();
+        let claims = usize::from(dra && kind.starts_with("Validating"));
+        assert_eq!(hooks.len(), 1 + claims);
         let w = &hooks[0];
         let target = &w["clientConfig"]["service"];
         assert_eq!(
@@ -995,17 +1004,131 @@ fn chart_refuses_values_that_cannot_work() {
             "certs.renewBefore=2w",
             "certs.renewBefore must be a whole number of d, h, m or s",
         ),
+        (
+            "dra.enabled=true",
+            "dra.enabled needs Kubernetes 1.34 or newer (resource.k8s.io/v1), not v1.30.0",
+        ),
     ] {
         let out = Command::new(&helm)
             .args(["template", RELEASE])
             .arg(&chart)
-            .args(["--set", set])
+            .args(["--kube-version", "1.30.0", "--set", set])
             .output()
             .unwrap();
         assert!(!out.status.success(), "{set} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(message), "{set}: {err}");
     }
+}
+
+/// DRA mode (`dra.enabled`): the DeviceClass, the node agent in DRA mode beside the device
+/// plugin (each kept to its own nodes), the RBAC of DRA mode, and the claims webhook whose CEL
+/// match condition selects exactly the claims and templates of class gpu.vgpu.io.
+#[test]
+fn chart_turns_on_dra_mode() {
+    let Some(helm) = helm() else {
+        eprintln!("SKIPPED: no helm binary");
+        return;
+    };
+    let chart = Chart::render(&helm, "1.36.2", &["dra.enabled=true"]);
+    check_common(&chart);
+    check_webhooks(&chart, "nvidia.com/gpu", "nvidia.com/gpumem");
+    let class = chart.get("DeviceClass", "gpu.vgpu.io");
+    assert_eq!(
+        class["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == \"gpu.vgpu.io\""
+    );
+    let dra = args(chart.container("DaemonSet", "vgpu-dra-plugin", "dra-plugin"));
+    for want in [
+        "--mode=dra",
+        "--cdi-dir=/var/run/cdi",
+        "--kubelet-plugins-dir=/var/lib/kubelet/plugins",
+        "--kubelet-registry-dir=/var/lib/kubelet/plugins_registry",
+        "--gpu-cdi-kind=nvidia.com/gpu",
+        "--host-dir=/usr/local/vgpu",
+    ] {
+        assert!(dra.contains(&want.to_string()), "{want}: {dra:?}");
+    }
+    assert!(
+        !dra.iter()
+            .any(|a| a.starts_with("--split-count") || a.starts_with("--device-plugin-dir")),
+        "{dra:?}"
+    );
+    let pod = |name: &str| chart.get("DaemonSet", name)["spec"]["template"]["spec"].clone();
+    assert_eq!(
+        pod("vgpu-dra-plugin")["nodeSelector"],
+        json!({"gpu": "on", "vgpu.io/mode": "dra"})
+    );
+    assert_eq!(
+        pod("vgpu-device-plugin")["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"][0],
+        json!({"key": "vgpu.io/mode", "operator": "NotIn", "values": ["dra"]})
+    );
+    let mounts: Vec<String> = chart.container("DaemonSet", "vgpu-dra-plugin", "dra-plugin")
+        ["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap().to_string())
+        .collect();
+    for p in [
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/usr/local/vgpu",
+    ] {
+        assert!(mounts.contains(&p.to_string()), "{p}: {mounts:?}");
+    }
+    // The claims webhook: its match condition against claims and templates, as the API server
+    // evaluates it.
+    let validating = chart.get(
+        "ValidatingWebhookConfiguration",
+        &format!("{RELEASE}-validate"),
+    );
+    let claims = validating["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "validate-claims.vgpu.io")
+        .expect("the claims webhook");
+    assert_eq!(
+        claims["rules"][0]["resources"],
+        json!(["resourceclaims", "resourceclaimtemplates"])
+    );
+    assert!(
+        claims.get("namespaceSelector").is_none_or(is_empty),
+        "claims need no vgpu label: {claims}"
+    );
+    let cond = claims["matchConditions"][0]["expression"].as_str().unwrap();
+    let request = |class: &str| json!({"name": "gpu", "exactly": {"deviceClassName": class}});
+    let claim = |requests: Value| json!({"kind": "ResourceClaim", "spec": {"devices": {"requests": requests}}});
+    assert!(matches(cond, &claim(json!([request("gpu.vgpu.io")]))));
+    assert!(!matches(cond, &claim(json!([request("gpu.nvidia.com")]))));
+    assert!(!matches(
+        cond,
+        &json!({"kind": "ResourceClaim", "spec": {}})
+    ));
+    assert!(matches(
+        cond,
+        &claim(json!([{"name": "gpu", "firstAvailable": [
+        {"name": "a", "deviceClassName": "other"}, {"name": "b", "deviceClassName": "gpu.vgpu.io"}]}]))
+    ));
+    assert!(matches(
+        cond,
+        &json!({"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [request("gpu.vgpu.io")]}}}})
+    ));
+    assert!(!matches(
+        cond,
+        &json!({"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [request("x")]}}}})
+    ));
+    // Off by default: none of it.
+    let default = Chart::render(&helm, "1.36.2", &[]);
+    assert!(default.all("DeviceClass").next().is_none());
+    assert!(default
+        .docs
+        .iter()
+        .all(|d| d["metadata"]["name"] != "vgpu-dra-plugin"));
 }
 
 #[test]

@@ -109,6 +109,9 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- fail (printf "webhook.%s must be a positive whole number of ms, s or m (like 10s), not %q" $key $v) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.dra.enabled (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "dra.enabled needs Kubernetes 1.34 or newer (resource.k8s.io/v1), not %s" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{- if not (regexMatch "^[0-9]+[dhms]$" (toString .Values.certs.renewBefore)) -}}
 {{- fail (printf "certs.renewBefore must be a whole number of d, h, m or s (like 30d), not %q" (toString .Values.certs.renewBefore)) -}}
 {{- end -}}

@@ -136,7 +136,7 @@ fn requests<'a>(kind: &str, object: &'a Value) -> impl Iterator<Item = (String, 
 }
 
 fn mib_text(bytes: u64) -> String {
-    if bytes % (1 << 30) == 0 {
+    if bytes.is_multiple_of(1 << 30) {
         format!("{}Gi", bytes >> 30)
     } else {
         format!("{}Mi", bytes >> 20)
