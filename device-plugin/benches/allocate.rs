@@ -9,7 +9,9 @@
 //! The `stage_*` benchmarks break one Allocate down into the steps `Shared::allocate_container`
 //! takes, each alone and in process: checking the IDs, the matcher, creating the container's
 //! directory, writing the allocation record, building the answer; `allocate_in_process` is the
-//! whole handler without gRPC.
+//! whole handler without gRPC. `dra_prepare_in_process` is DRA mode's counterpart of that: a
+//! claim already read (its allocation on GPU 3, 4 GiB and 25 %), this node's share of it, the same
+//! host files, the CDI spec and the checkpoint (`Dra::prepare_allocated`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::time::{Duration, Instant};
@@ -213,6 +215,45 @@ fn bench(c: &mut Criterion) {
                 let r = rt.block_on(shared.allocate_container(&ids)).unwrap();
                 total += t.elapsed();
                 assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4096m");
+            }
+            total
+        })
+    });
+    // DRA mode: prepare a claim already read from the API.
+    let dra = vgpu_device_plugin::dra::prepare::Dra::new(
+        shared.clone(),
+        None,
+        vgpu_device_plugin::dra::prepare::DraSettings {
+            cdi_dir: tmp.path().join("cdi"),
+            gpu_cdi_kind: None,
+        },
+    );
+    let allocated: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "bench"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [{
+                "consumedCapacity": {"cores": "25", "memory": "4Gi"}, "device": "gpu-3",
+                "driver": "gpu.vgpu.io", "pool": "node", "request": "gpu",
+                "shareID": "08694b24-5a9b-4f62-9c0d-133cefcb1b26"}]}}}
+        }))
+        .unwrap();
+    group.bench_function("dra_prepare_in_process", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                n += 1;
+                let c = vgpu_device_plugin::dra::api_v1::Claim {
+                    namespace: "bench".into(),
+                    uid: format!("claim-{n}"),
+                    name: "c".into(),
+                };
+                let t = Instant::now();
+                let devices = dra.prepare_allocated(&c, &allocated).unwrap();
+                total += t.elapsed();
+                assert_eq!(devices.len(), 1);
+                // Untimed: as the kubelet would once the pod is gone.
+                dra.unprepare_one(&c.uid).unwrap();
             }
             total
         })

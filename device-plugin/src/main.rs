@@ -217,10 +217,12 @@ async fn main() -> anyhow::Result<()> {
     });
 
     if cli.mode == Mode::Dra {
+        let (registered, on_registered) = tokio::sync::watch::channel(false);
         tokio::spawn(dra::slices::run(
             shared.clone(),
             client.clone(),
             backend.driver_version(),
+            on_registered,
         ));
         let plugin = dra::prepare::Dra::new(
             shared,
@@ -236,6 +238,7 @@ async fn main() -> anyhow::Result<()> {
                 registry_dir: cli.kubelet_registry_dir,
                 plugins_dir: cli.kubelet_plugins_dir,
             },
+            registered,
             async {
                 shutdown.await;
                 tracing::info!("shutting down");

@@ -170,6 +170,14 @@ pub fn run(parts: &mut Parts<'_>) {
 
     let step = "step 10b (DRA: a claim of 4 GiB and 30 % runs capped)";
     c.apply(&template("slice-4g", 4096, 30).to_string());
+    // create -> Running of a plain pod just before, for scale (printed, not checked).
+    let plain_started = std::time::Instant::now();
+    c.create_in(NS_DRA, crate::journey::plain_pod("dra-plain"))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    c.wait_running(NS_DRA, "dra-plain", step);
+    let plain = plain_started.elapsed();
+    c.delete(&["pod", "dra-plain", "-n", NS_DRA, "--grace-period=0"]);
+    let started = std::time::Instant::now();
     c.create(&dra_pod(
         "dra-a",
         "slice-4g",
@@ -186,6 +194,13 @@ pub fn run(parts: &mut Parts<'_>) {
     ))
     .unwrap_or_else(|e| panic!("{step}: {e}"));
     c.wait_running(NS_DRA, "dra-a", step);
+    let dra = started.elapsed();
+    report(&format!(
+        "create -> Running: DRA pod (claim from a template) {:.2} s, plain pod {:.2} s ({:.2}x)",
+        dra.as_secs_f64(),
+        plain.as_secs_f64(),
+        dra.as_secs_f64() / plain.as_secs_f64()
+    ));
     let logs = c.logs_until(NS_DRA, "dra-a", step, |l| l.starts_with("info"));
     for want in [
         format!("alloc {} = 0", 4095 * MIB),

@@ -752,6 +752,130 @@ fn uninstall(c: &Cluster) {
     c.kubectl(&["label", "node", &c.node, "gpu-"]).ok();
 }
 
+/// DRA mode through the chart: `helm upgrade --set dra.enabled=true`, the node labelled
+/// `vgpu.io/mode=dra`; the device plugin's pod leaves the node and the DRA plugin's takes over,
+/// publishes the GPU, and a claim's pod runs capped; the installed webhook refuses a claim larger
+/// than the GPU. Then the node goes back to device-plugin mode.
+fn dra_mode(c: &Cluster) {
+    let step = "installed DRA mode";
+    let chart = vgpu_tests::repo_root().join("helm/vgpu");
+    let started = Instant::now();
+    helm(
+        c,
+        &[
+            "upgrade",
+            RELEASE,
+            chart.to_str().expect("path"),
+            "-n",
+            NS,
+            "--reuse-values",
+            "--set",
+            "dra.enabled=true",
+            // The fake GPU has no NVIDIA CDI spec.
+            "--set",
+            "dra.gpuCdiKind=",
+            "--wait",
+            "--timeout",
+            "4m",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{step}: upgrade: {e}\n{}", describe_release(c)));
+    c.kubectl(&["label", "--overwrite", "node", &c.node, "vgpu.io/mode=dra"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let agents = |component: &str| -> Vec<String> {
+        c.json(&[
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            &format!("app.kubernetes.io/component={component}"),
+        ])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    };
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: the device plugin's pod leaves the DRA node"),
+        || agents("device-plugin").is_empty().then_some(()),
+    );
+    let slice_name = format!("{}-gpu.vgpu.io", c.node);
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: the DRA plugin's pod publishes {slice_name}"),
+        || {
+            let s = c.get(&["resourceslice", &slice_name])?;
+            (s["spec"]["devices"][0]["attributes"]["uuid"]["string"] == GPU_UUID).then_some(())
+        },
+    );
+    assert_eq!(
+        agents("dra-plugin").len(),
+        1,
+        "{step}: {:?}",
+        agents("dra-plugin")
+    );
+    let ns = "vgpu-installed-dra";
+    c.apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        .to_string(),
+    );
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: ServiceAccount default in {ns}"),
+        || c.get(&["serviceaccount", "default", "-n", ns]),
+    );
+    let template = |name: &str, memory: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.vgpu.io",
+                "capacity": {"requests": {"memory": memory, "cores": "30"}}}}]}}}})
+    };
+    let err = c
+        .create(&template("huge", "64Gi"))
+        .expect_err("a 64 GiB claim template was admitted");
+    assert!(
+        err.contains("capacity.requests.memory: 64Gi is more than the largest GPU"),
+        "{step}: {err}"
+    );
+    c.create(&template("slice-4g", "4Gi"))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    let mut pod = capped_pod("dra-capped");
+    let spec = &mut pod["spec"];
+    spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "slice-4g"}]);
+    spec["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    c.create_in(ns, pod)
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    c.wait_running(ns, "dra-capped", step);
+    let logs = c.logs_until(ns, "dra-capped", step, |l| l.starts_with("info ="));
+    for want in [
+        format!("alloc {} = 2", 2u64 << 20),
+        format!("info = 0 free 0 total {}", 4096u64 << 20),
+    ] {
+        assert!(
+            logs.lines().any(|l| l == want),
+            "{step}: no {want:?} in:\n{logs}"
+        );
+    }
+    c.delete(&["namespace", ns]);
+    c.kubectl(&["label", "node", &c.node, "vgpu.io/mode-"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: the DRA plugin's pod leaves, the device plugin's is back"),
+        || (agents("dra-plugin").is_empty() && !agents("device-plugin").is_empty()).then_some(()),
+    );
+    report(&format!(
+        "helm upgrade to DRA mode, a claim's pod capped, and back: {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
 /// Removes what an earlier run that failed half-way may have left: the release, and the webhook
 /// configurations and RBAC the host-process phase applies by hand.
 pub fn clean_slate(c: &Cluster) {
@@ -763,7 +887,14 @@ pub fn clean_slate(c: &Cluster) {
         "mutatingwebhookconfiguration/vgpu-mutate",
         "validatingwebhookconfiguration/vgpu-validate",
     ]);
-    c.delete(&["namespace", TENANT, BURST, crate::dra::NS_DRA]);
+    c.delete(&[
+        "namespace",
+        TENANT,
+        BURST,
+        crate::dra::NS_DRA,
+        "vgpu-installed-dra",
+    ]);
+    c.kubectl(&["label", "node", &c.node, "vgpu.io/mode-"]).ok();
     c.delete(&["deviceclass", "gpu.vgpu.io"]);
     c.delete(&[
         "resourceslice",
@@ -782,6 +913,7 @@ pub fn run(c: &Cluster, work: &Path) {
     check_rbac(c);
     journey(c);
     lifecycle(c);
+    dra_mode(c);
     uninstall(c);
     report(&format!(
         "helm install, journey and uninstall in {:.0} s",

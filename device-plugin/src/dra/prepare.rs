@@ -168,6 +168,16 @@ impl Dra {
                 c.uid
             ));
         }
+        self.prepare_allocated(c, &claim)
+    }
+
+    /// Prepare's work once the claim is read: this node's shares of its allocation checked
+    /// against health, the host files made, the CDI spec written, the checkpoint kept.
+    pub fn prepare_allocated(
+        &self,
+        c: &v1::Claim,
+        claim: &ResourceClaim,
+    ) -> Result<Vec<PreparedDevice>, String> {
         let node = self.shared.settings.node_name.clone();
         let state = self.shared.devices();
         let inventory = state.inventory(self.shared.settings.shape);
@@ -275,7 +285,8 @@ impl Dra {
         out
     }
 
-    fn unprepare_one(&self, uid: &str) -> Result<(), String> {
+    /// Unprepare's work for one claim: everything prepare made for `uid`, gone.
+    pub fn unprepare_one(&self, uid: &str) -> Result<(), String> {
         if uid.is_empty() || uid.contains(['/', '.']) {
             return Err(format!("claim uid {uid:?} is not a uid"));
         }

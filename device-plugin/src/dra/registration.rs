@@ -52,6 +52,7 @@ impl Sockets {
 /// The Registration service.
 struct Registration {
     endpoint: String,
+    registered: tokio::sync::watch::Sender<bool>,
 }
 
 #[tonic::async_trait]
@@ -73,6 +74,7 @@ impl reg::registration_server::Registration for Registration {
         req: Request<reg::RegistrationStatus>,
     ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
         let s = req.get_ref();
+        self.registered.send_replace(s.plugin_registered);
         if s.plugin_registered {
             tracing::info!(driver = DRIVER, "registered with the kubelet");
         } else {
@@ -110,10 +112,12 @@ fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Serves the DRA service and the registration until `shutdown` resolves, then removes both
 /// sockets. The service socket is bound before the registration one, so the kubelet never finds a
-/// registration whose endpoint is not there yet.
+/// registration whose endpoint is not there yet. `registered` follows the kubelet's last
+/// NotifyRegistrationStatus.
 pub async fn serve(
     dra: Arc<Dra>,
     sockets: Sockets,
+    registered: tokio::sync::watch::Sender<bool>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
@@ -146,6 +150,7 @@ pub async fn serve(
                 .add_service(reg::registration_server::RegistrationServer::new(
                     Registration {
                         endpoint: service.display().to_string(),
+                        registered: registered.clone(),
                     },
                 ))
                 .serve_with_incoming_shutdown(relayed(reg_listener), stopped(stop_rx)),

@@ -306,10 +306,22 @@ impl Publisher {
     }
 }
 
-/// Keeps the slice published until the process ends: at start, whenever device health changes,
-/// whenever the API reports a change to this node's slices of this driver (the kubelet deletes a
-/// driver's slices when it stays unregistered), and every minute.
-pub async fn run(shared: Arc<Shared>, client: kube::Client, driver_version: Option<String>) {
+/// Keeps the slice published until the process ends: once the kubelet has registered the plugin,
+/// whenever device health changes, whenever the API reports a change to this node's slices of this
+/// driver (the kubelet deletes a driver's slices when it stays unregistered), and every minute.
+///
+/// Not before the registration: a slice published earlier lets kube-scheduler place a pod whose
+/// claim the kubelet then cannot prepare ("DRA driver gpu.vgpu.io is not registered"), and the
+/// kubelet retries such a pod only after its back-off (seen on the real cluster: over a minute).
+pub async fn run(
+    shared: Arc<Shared>,
+    client: kube::Client,
+    driver_version: Option<String>,
+    mut registered: tokio::sync::watch::Receiver<bool>,
+) {
+    if registered.wait_for(|r| *r).await.is_err() {
+        return;
+    }
     let node = shared.settings.node_name.clone();
     let node_uid = match Api::<Node>::all(client.clone()).get(&node).await {
         Ok(n) => n.metadata.uid,
