@@ -177,7 +177,7 @@ pub fn run(parts: &mut Parts<'_>) {
     c.wait_running(NS_DRA, "dra-plain", step);
     let plain = plain_started.elapsed();
     c.delete(&["pod", "dra-plain", "-n", NS_DRA, "--grace-period=0"]);
-    let started = std::time::Instant::now();
+    let dra_started = std::time::Instant::now();
     c.create(&dra_pod(
         "dra-a",
         "slice-4g",
@@ -194,7 +194,7 @@ pub fn run(parts: &mut Parts<'_>) {
     ))
     .unwrap_or_else(|e| panic!("{step}: {e}"));
     c.wait_running(NS_DRA, "dra-a", step);
-    let dra = started.elapsed();
+    let dra = dra_started.elapsed();
     report(&format!(
         "create -> Running: DRA pod (claim from a template) {:.2} s, plain pod {:.2} s ({:.2}x)",
         dra.as_secs_f64(),

@@ -24,6 +24,8 @@ const TENANT: &str = "vgpu-installed";
 /// A labelled namespace without a quota, for the admissions that run during the lifecycle steps.
 const BURST: &str = "vgpu-installed-burst";
 const QUOTA_MIB: u64 = 8192;
+/// The namespace of the installed DRA step.
+const DRA_NS: &str = "vgpu-installed-dra";
 /// Where the fake NVML sits in the device plugin's container.
 const FAKE_NVML_DIR: &str = "/opt/fake-nvml";
 /// The device plugin's host directory (the chart's default).
@@ -818,7 +820,7 @@ fn dra_mode(c: &Cluster) {
         "{step}: {:?}",
         agents("dra-plugin")
     );
-    let ns = "vgpu-installed-dra";
+    let ns = DRA_NS;
     c.apply(
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns,
         "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
@@ -879,6 +881,29 @@ fn dra_mode(c: &Cluster) {
 /// Removes what an earlier run that failed half-way may have left: the release, and the webhook
 /// configurations and RBAC the host-process phase applies by hand.
 pub fn clean_slate(c: &Cluster) {
+    // Pods with claims of gpu.vgpu.io first, while a DRA plugin may still unprepare them: once
+    // the driver is gone, such a pod cannot finish terminating (the kubelet must unprepare its
+    // claims), so one left without its plugin is force-deleted.
+    for ns in [crate::dra::NS_DRA, DRA_NS] {
+        let _ = c.kubectl(&[
+            "delete",
+            "pods",
+            "--all",
+            "-n",
+            ns,
+            "--wait=true",
+            "--timeout=20s",
+        ]);
+        let _ = c.kubectl(&[
+            "delete",
+            "pods",
+            "--all",
+            "-n",
+            ns,
+            "--force",
+            "--grace-period=0",
+        ]);
+    }
     let _ = helm(
         c,
         &["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "2m"],

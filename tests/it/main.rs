@@ -4,6 +4,7 @@
 mod cert_rotation;
 mod certs_api;
 mod device_plugin;
+mod dra;
 mod e2e;
 mod faults;
 mod helm;

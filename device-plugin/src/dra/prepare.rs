@@ -181,8 +181,7 @@ impl Dra {
         let node = self.shared.settings.node_name.clone();
         let state = self.shared.devices();
         let inventory = state.inventory(self.shared.settings.shape);
-        let shares =
-            claims::shares(&claim, &node, &inventory.devices).map_err(|e| e.to_string())?;
+        let shares = claims::shares(claim, &node, &inventory.devices).map_err(|e| e.to_string())?;
         for s in &shares {
             for (name, slice) in &s.devices {
                 if state.is_healthy(&slice.uuid) == Some(false) {

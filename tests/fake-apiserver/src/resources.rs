@@ -52,6 +52,40 @@ const KNOWN: &[(&str, &str, &str, &str, bool, bool)] = &[
     ("apps", "v1", "replicasets", "ReplicaSet", true, true),
     ("apps", "v1", "deployments", "Deployment", true, true),
     ("batch", "v1", "jobs", "Job", true, true),
+    // DRA (`kubectl api-resources --api-group=resource.k8s.io` on the real 1.36 cluster: slices
+    // and classes cluster-scoped, claims with a status subresource the scheduler writes).
+    (
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        false,
+        false,
+    ),
+    (
+        "resource.k8s.io",
+        "v1",
+        "resourceclaims",
+        "ResourceClaim",
+        true,
+        true,
+    ),
+    (
+        "resource.k8s.io",
+        "v1",
+        "resourceclaimtemplates",
+        "ResourceClaimTemplate",
+        true,
+        false,
+    ),
+    (
+        "resource.k8s.io",
+        "v1",
+        "deviceclasses",
+        "DeviceClass",
+        false,
+        false,
+    ),
     (
         "admissionregistration.k8s.io",
         "v1",
