@@ -189,7 +189,8 @@ async fn dra_plugin_registers_publishes_prepares_and_unprepares() {
     );
     let generation = slice["spec"]["pool"]["generation"].as_i64().unwrap();
 
-    // Prepare, batched: one good claim, one the API does not have, one replaced under its name.
+    // Prepare, batched: one good claim, one the API does not have, one replaced under its name,
+    // one that would over-commit the GPU.
     // The API server gives each claim its uid.
     let uid_of = |v: Value| v["metadata"]["uid"].as_str().unwrap().to_string();
     let uid = uid_of(env.api.create(claim("good", "gpu-1", "4Gi", "30")).unwrap());
@@ -198,12 +199,19 @@ async fn dra_plugin_registers_publishes_prepares_and_unprepares() {
             .create(claim("replaced", "gpu-0", "1Gi", "0"))
             .unwrap(),
     );
+    // An allocation no scheduler would write: the whole card on top of "good"'s share.
+    let forged = uid_of(
+        env.api
+            .create(claim("forged", "gpu-1", "40Gi", "0"))
+            .unwrap(),
+    );
     let mut client = v1::dra_plugin_client::DraPluginClient::new(env.channel().await);
     let req = v1::NodePrepareResourcesRequest {
         claims: vec![
             claim_ref("good", &uid),
             claim_ref("missing", "uid-missing"),
             claim_ref("replaced", "uid-old"),
+            claim_ref("forged", &forged),
         ],
     };
     let answer = client
@@ -213,7 +221,7 @@ async fn dra_plugin_registers_publishes_prepares_and_unprepares() {
         .into_inner();
     assert_eq!(
         answer.claims.len(),
-        3,
+        4,
         "every claim gets an entry: {answer:?}"
     );
     let good = &answer.claims[&uid];
@@ -244,6 +252,15 @@ async fn dra_plugin_registers_publishes_prepares_and_unprepares() {
             .contains(&format!("has uid \"{replaced}\", not \"uid-old\"")),
         "{answer:?}"
     );
+
+    assert_eq!(
+        answer.claims[&forged].error,
+        "device gpu-1 would hold 45056 MiB of its 40960 MiB and 30 of its 100 cores with this claim's share (40960 MiB, 0 cores) and the claims prepared on it: the allocation disagrees with the slice, so it is not prepared"
+    );
+    assert!(!env
+        .dir("cdi")
+        .join(format!("gpu.vgpu.io-claim_{forged}.json"))
+        .exists());
 
     // What the container gets: the CDI spec's edits, the limits file the hook trusts.
     let spec_path = env.dir("cdi").join(format!("gpu.vgpu.io-claim_{uid}.json"));

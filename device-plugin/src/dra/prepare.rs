@@ -63,6 +63,12 @@ pub struct PreparedDevice {
     pub device: String,
     /// The CDI devices the runtime adds.
     pub cdi_device_ids: Vec<String>,
+    /// The share's memory, MiB (what the allocation's `consumedCapacity` said).
+    #[serde(default)]
+    pub memory_mib: u64,
+    /// The share's cores, percent.
+    #[serde(default)]
+    pub cores: u32,
 }
 
 impl From<&PreparedDevice> for v1::Device {
@@ -81,6 +87,9 @@ pub struct Dra {
     shared: Arc<Shared>,
     client: Option<kube::Client>,
     settings: DraSettings,
+    /// Held from the over-commit check to the checkpoint, so two claims prepared at once are
+    /// checked against each other.
+    committing: std::sync::Mutex<()>,
 }
 
 impl Dra {
@@ -95,6 +104,7 @@ impl Dra {
             shared,
             client,
             settings,
+            committing: std::sync::Mutex::new(()),
         })
     }
 
@@ -109,6 +119,32 @@ impl Dra {
             .host_dir
             .join(CHECKPOINT_DIR)
             .join(format!("{uid}.json"))
+    }
+
+    /// Memory (MiB) and cores held per device by the claims prepared on this node, `except` one.
+    fn committed(&self, except: &str) -> std::collections::HashMap<String, (u64, u64)> {
+        let mut out = std::collections::HashMap::new();
+        let dir = self.shared.settings.host_dir.join(CHECKPOINT_DIR);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return out;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let Some(cp) = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Checkpoint>(&b).ok())
+            else {
+                continue;
+            };
+            if cp.uid == except {
+                continue;
+            }
+            for d in cp.devices {
+                let held = out.entry(d.device).or_insert((0, 0));
+                held.0 += d.memory_mib;
+                held.1 += u64::from(d.cores);
+            }
+        }
+        out
     }
 
     fn checkpoint(&self, uid: &str) -> Option<Checkpoint> {
@@ -194,6 +230,31 @@ impl Dra {
                 }
             }
         }
+        // The allocation comes from the claim's status, which kube-scheduler writes and tenants
+        // must not (RBAC on resourceclaims/status): checked anyway against the card, with every
+        // claim already prepared here, so a forged or stale allocation never over-commits a GPU.
+        let _committing = self.committing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.committed(&c.uid);
+        for s in &shares {
+            for (name, slice) in &s.devices {
+                let Some(info) = inventory
+                    .devices
+                    .iter()
+                    .find(|d| slices::device_name(d.index) == *name)
+                else {
+                    continue;
+                };
+                let h = held.entry(name.clone()).or_insert((0, 0));
+                h.0 += slice.memory_mib;
+                h.1 += u64::from(slice.cores);
+                if h.0 > info.memory_mib || h.1 > u64::from(info.cores) {
+                    return Err(format!(
+                        "device {name} would hold {} MiB of its {} MiB and {} of its {} cores with this claim's share ({} MiB, {} cores) and the claims prepared on it: the allocation disagrees with the slice, so it is not prepared",
+                        h.0, info.memory_mib, h.1, info.cores, slice.memory_mib, slice.cores
+                    ));
+                }
+            }
+        }
         let runtime = Runtime {
             core_policy: self.shared.settings.core_policy,
             ..Runtime::default()
@@ -240,6 +301,8 @@ impl Dra {
                     pool: node.clone(),
                     device: name.clone(),
                     cdi_device_ids: ids,
+                    memory_mib: slice.memory_mib,
+                    cores: slice.cores,
                 });
             }
             answers.push((s.key(), answer));
