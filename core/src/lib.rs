@@ -25,6 +25,7 @@ pub mod activity;
 pub mod annotations;
 pub mod assignment;
 pub mod borrowed;
+pub mod dra;
 pub mod env;
 pub mod exposition;
 pub mod inventory;

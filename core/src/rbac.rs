@@ -152,6 +152,24 @@ pub const SCHEDULER: Component = Component {
             &["create", "patch"],
             "explain why a pod fits no GPU",
         ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceslices",
+            &["list", "watch"],
+            "DRA mode: the published GPUs, to explain why a claim waits",
+        ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceclaims",
+            &["list", "watch"],
+            "DRA mode: what allocated claims hold, and the waiting claims' requests",
+        ),
+        ApiAccess::dra(
+            "events.k8s.io",
+            "events",
+            &["create", "patch"],
+            "DRA mode: the Event on a pod whose claim no GPU has room for",
+        ),
         ApiAccess {
             group: "coordination.k8s.io",
             resource: "leases",

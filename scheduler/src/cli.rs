@@ -117,6 +117,11 @@ pub struct Cli {
         default_value = "nvidia.com/gpucores"
     )]
     pub resource_gpucores: String,
+    /// DRA mode: explain in an Event why a pod's claim of class gpu.vgpu.io cannot be allocated
+    /// when it is the GPUs' free capacity (docs/dra.md); needs read access to ResourceSlices and
+    /// ResourceClaims (the chart grants it with dra.enabled).
+    #[arg(long, env = "VGPU_SCHEDULER_EXPLAIN_CLAIMS")]
+    pub explain_claims: bool,
     /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

@@ -45,6 +45,10 @@ async fn main() -> anyhow::Result<()> {
     let settings = cli.settings()?;
     let state = Arc::new(AppState::new(settings, Some(client.clone())));
     tokio::spawn(watch::nodes(client.clone(), state.clone()));
+    if cli.explain_claims {
+        let instance = std::env::var("POD_NAME").unwrap_or_else(|_| "vgpu-scheduler".into());
+        tokio::spawn(vgpu_scheduler::claims::run(client.clone(), instance));
+    }
     tokio::spawn(watch::pods(client, state.clone()));
 
     let api = tokio::net::TcpListener::bind(cli.listen)

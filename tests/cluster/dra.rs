@@ -120,6 +120,9 @@ pub fn run(parts: &mut Parts<'_>) {
     if parts.webhook.is_none() {
         parts.start_webhook();
     }
+    // vgpu-scheduler with the DRA chart's args: it explains claims that wait (--explain-claims).
+    parts.scheduler = None;
+    parts.start_scheduler();
     parts.start_dra_plugin();
 
     let step = "step 10a (DRA: the slice)";
@@ -260,6 +263,22 @@ pub fn run(parts: &mut Parts<'_>) {
             .map(|(_, _, m)| m)
     });
     assert!(why.contains("cannot allocate all claims"), "{step}: {why}");
+    // vgpu-scheduler says why: the GPU's free memory and cores against the request.
+    let explained = vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: vgpu-scheduler's VGPUClaimUnallocatable event"),
+        || {
+            c.events(NS_DRA)
+                .into_iter()
+                .find(|(o, r, _)| o == "dra-c" && r == "VGPUClaimUnallocatable")
+                .map(|(_, _, m)| m)
+        },
+    );
+    assert!(
+        explained.ends_with(&format!("spec.devices.requests[0].exactly needs 20480 MiB and 10 cores of one GPU of class gpu.vgpu.io; free now: {}/gpu-0 16384 MiB and 40 cores free", c.node)),
+        "{step}: {explained}"
+    );
+    report(&format!("DRA: vgpu-scheduler explains: {explained}"));
     report(&format!(
         "DRA: 4+4+20 GiB of a 24 GiB GPU: kube-scheduler says {why:?}"
     ));

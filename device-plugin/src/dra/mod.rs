@@ -19,15 +19,10 @@ pub mod prepare;
 pub mod registration;
 pub mod slices;
 
-/// The driver name: the DeviceClass, the ResourceSlices' `spec.driver`, the attributes' domain.
-pub const DRIVER: &str = "gpu.vgpu.io";
-/// Device memory capacity, in bytes (requests in whole MiB).
-pub const MEMORY: &str = "memory";
-/// Streaming-multiprocessor capacity, in percent of the card (whole percents, 0-100).
-pub const CORES: &str = "cores";
-/// The taint on a device the health watch found unhealthy: new claims avoid it (NoSchedule),
-/// running ones keep it.
-pub const UNHEALTHY_TAINT: &str = "gpu.vgpu.io/unhealthy";
+/// The driver name (the DeviceClass, the ResourceSlices' `spec.driver`, the attributes' domain),
+/// the capacities' names and the unhealthy taint: `vgpu_core::dra`'s, shared with the webhook and
+/// the scheduler.
+pub use vgpu_core::dra::{CLASS as DRIVER, CORES, MEMORY, UNHEALTHY_TAINT};
 
 /// The kubelet DRA plugin API, v1 (generated from `proto/dra_v1.proto`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]

@@ -15,124 +15,13 @@
 //! `exactly: ExactDeviceRequest {deviceClassName, selectors[].cel.expression, capacity.requests}`
 //! or `firstAvailable: [DeviceSubRequest]`), k8s-openapi `v1_36`.
 
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::Value;
-
-/// The DeviceClass (and driver) of DRA mode.
-pub const CLASS: &str = "gpu.vgpu.io";
-/// The taint the DRA plugin puts on an unhealthy GPU.
-pub const UNHEALTHY_TAINT: &str = "gpu.vgpu.io/unhealthy";
-const CAPACITIES: [&str; 2] = ["memory", "cores"];
-
-/// One published GPU, as the selectors see it.
-#[derive(Debug, Clone)]
-pub struct Card {
-    /// Node (the slice's `nodeName`).
-    pub node: String,
-    /// Device name in the pool.
-    pub device: String,
-    /// `uuid` attribute.
-    pub uuid: String,
-    /// `memory` capacity, bytes.
-    pub memory: u64,
-    /// `cores` capacity.
-    pub cores: u64,
-    /// Tainted unhealthy.
-    pub unhealthy: bool,
-    /// `device` as a CEL value.
-    cel: cel::Value,
-}
-
-fn quantity(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64 {
-    vgpu_core::quantity::parse_integer(&q.0).unwrap_or(0)
-}
-
-/// The GPUs of driver `gpu.vgpu.io` in `slices`.
-pub fn cards(slices: &[ResourceSlice]) -> Vec<Card> {
-    let mut out = Vec::new();
-    for s in slices.iter().filter(|s| s.spec.driver == CLASS) {
-        let node = s.spec.node_name.clone().unwrap_or_default();
-        for d in s.spec.devices.iter().flatten() {
-            let attrs: serde_json::Map<String, Value> = d
-                .attributes
-                .iter()
-                .flatten()
-                .map(|(k, a)| {
-                    let v = match (&a.string, a.int, a.bool, &a.version) {
-                        (Some(s), ..) | (.., Some(s)) => Value::from(s.clone()),
-                        (_, Some(i), ..) => Value::from(i),
-                        (_, _, Some(b), _) => Value::from(b),
-                        _ => Value::Null,
-                    };
-                    (k.clone(), v)
-                })
-                .collect();
-            let cap = |name: &str| {
-                d.capacity
-                    .as_ref()
-                    .and_then(|c| c.get(name))
-                    .map(|c| quantity(&c.value))
-                    .unwrap_or(0)
-            };
-            let (memory, cores) = (cap("memory"), cap("cores"));
-            let device = serde_json::json!({
-                "driver": CLASS,
-                "allowMultipleAllocations": d.allow_multiple_allocations.unwrap_or(false),
-                "attributes": {CLASS: attrs.clone()},
-                "capacity": {CLASS: {"memory": memory, "cores": cores}},
-            });
-            out.push(Card {
-                node: node.clone(),
-                device: d.name.clone(),
-                uuid: attrs
-                    .get("uuid")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                memory,
-                cores,
-                unhealthy: d.taints.iter().flatten().any(|t| t.key == UNHEALTHY_TAINT),
-                cel: cel::to_value(device).unwrap_or(cel::Value::Null),
-            });
-        }
-    }
-    out
-}
+use vgpu_core::dra::{asked, requests};
+pub use vgpu_core::dra::{cards, Card, CLASS, UNHEALTHY_TAINT};
 
 /// Whether `object` (a claim or a template) asks DeviceClass `gpu.vgpu.io` anywhere.
 pub fn asks_for_us(kind: &str, object: &Value) -> bool {
-    requests(kind, object).next().is_some()
-}
-
-/// `(field path, request)` of every request or alternative of our class.
-fn requests<'a>(kind: &str, object: &'a Value) -> impl Iterator<Item = (String, &'a Value)> {
-    let (prefix, spec) = if kind == "ResourceClaimTemplate" {
-        ("spec.spec", &object["spec"]["spec"])
-    } else {
-        ("spec", &object["spec"])
-    };
-    spec["devices"]["requests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .flat_map(move |(i, r)| {
-            let base = format!("{prefix}.devices.requests[{i}]");
-            let mut v: Vec<(String, &'a Value)> = Vec::new();
-            if r["exactly"].is_object() {
-                v.push((format!("{base}.exactly"), &r["exactly"]));
-            }
-            for (j, s) in r["firstAvailable"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                v.push((format!("{base}.firstAvailable[{j}]"), s));
-            }
-            v
-        })
-        .filter(|(_, r)| r["deviceClassName"] == CLASS)
+    !requests(kind, object).is_empty()
 }
 
 fn mib_text(bytes: u64) -> String {
@@ -143,11 +32,23 @@ fn mib_text(bytes: u64) -> String {
     }
 }
 
+/// `device` as the selectors see it (kube-scheduler's CEL environment: `device.driver`,
+/// `device.attributes[domain]`, `device.capacity[domain]`, `device.allowMultipleAllocations`).
+fn cel_device(card: &Card) -> cel::Value {
+    let device = serde_json::json!({
+        "driver": CLASS,
+        "allowMultipleAllocations": true,
+        "attributes": {CLASS: card.attributes},
+        "capacity": {CLASS: {"memory": card.memory, "cores": card.cores}},
+    });
+    cel::to_value(device).unwrap_or(cel::Value::Null)
+}
+
 /// Whether `card` passes every selector of `request`; `None` when one cannot be evaluated here
 /// (a function this evaluator lacks, such as `semver`).
 fn selected(request: &Value, card: &Card) -> Option<bool> {
     let mut ctx = cel::Context::default();
-    ctx.add_variable_from_value("device", card.cel.clone());
+    ctx.add_variable_from_value("device", cel_device(card));
     for s in request["selectors"].as_array().into_iter().flatten() {
         let expr = s["cel"]["expression"].as_str()?;
         let program = cel::Program::compile(expr).ok()?;
@@ -166,42 +67,37 @@ pub fn check(kind: &str, object: &Value, cards: Option<&[Card]>) -> Result<Vec<S
     let cards = cards.filter(|c| !c.is_empty());
     let mut warnings = Vec::new();
     for (path, r) in requests(kind, object) {
-        let asked = r["capacity"]["requests"].as_object();
-        let mut want = (0u64, 0u64);
-        for (name, q) in asked.into_iter().flatten() {
-            let field = format!("{path}.capacity.requests.{name}");
-            if !CAPACITIES.contains(&name.as_str()) {
+        let (memory, cores) = asked(&path, r)?;
+        let field = |name: &str| format!("{path}.capacity.requests.{name}");
+        if let Some(n) = cores {
+            let most = cards
+                .and_then(|c| c.iter().map(|c| c.cores).max())
+                .unwrap_or(100);
+            if n > most {
                 return Err(format!(
-                    "{field}: devices of class {CLASS} have the capacities memory (bytes) and cores (percent of the SMs)"
+                    "{}: {n} is more than a GPU has ({most}, percent of its SMs)",
+                    field("cores")
                 ));
             }
-            let text = q
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| q.to_string());
-            let n = vgpu_core::quantity::parse_integer(&text)
-                .map_err(|e| format!("{field}: {e}: {name} is a whole number"))?;
-            let largest =
-                |of: fn(&Card) -> u64| cards.and_then(|c| c.iter().max_by_key(|c| of(c)).cloned());
-            if name == "cores" {
-                want.1 = n;
-                let most = largest(|c| c.cores).map(|c| c.cores).unwrap_or(100);
-                if n > most {
-                    return Err(format!(
-                        "{field}: {n} is more than a GPU has ({most}, percent of its SMs)"
-                    ));
-                }
-            } else {
-                want.0 = n;
-                if let Some(card) = largest(|c| c.memory).filter(|c| n > c.memory) {
-                    return Err(format!(
-                        "{field}: {text} is more than the largest GPU of class {CLASS} has ({} on node {})",
-                        mib_text(card.memory),
-                        card.node
-                    ));
-                }
+        }
+        if let (Some(n), Some(card)) = (
+            memory,
+            cards.and_then(|c| c.iter().max_by_key(|c| c.memory)),
+        ) {
+            if n > card.memory {
+                return Err(format!(
+                    "{}: {} is more than the largest GPU of class {CLASS} has ({} on node {})",
+                    field("memory"),
+                    r["capacity"]["requests"]["memory"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| mib_text(n)),
+                    mib_text(card.memory),
+                    card.node
+                ));
             }
         }
+        let want = (memory.unwrap_or(0), cores.unwrap_or(0));
         let Some(cards) = cards else { continue };
         let mut fitting = Vec::new();
         for card in cards
@@ -243,14 +139,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn slice(devices: Value) -> ResourceSlice {
-        serde_json::from_value(json!({
+    fn slice(devices: Value) -> Value {
+        json!({
             "metadata": {"name": "vm-gpu.vgpu.io"},
             "spec": {"driver": "gpu.vgpu.io", "nodeName": "vm",
                 "pool": {"name": "vm", "generation": 1, "resourceSliceCount": 1},
                 "devices": devices}
-        }))
-        .unwrap()
+        })
     }
 
     fn gpu(i: u32, uuid: &str, unhealthy: bool) -> Value {

@@ -269,7 +269,14 @@ impl Validator {
                 let lp = kube::api::ListParams::default()
                     .fields(&format!("spec.driver={}", claim::CLASS));
                 match tokio::time::timeout(Duration::from_secs(2), api.list(&lp)).await {
-                    Ok(Ok(list)) => Some(claim::cards(&list.items)),
+                    Ok(Ok(list)) => {
+                        let slices: Vec<serde_json::Value> = list
+                            .items
+                            .iter()
+                            .filter_map(|s| serde_json::to_value(s).ok())
+                            .collect();
+                        Some(claim::cards(&slices))
+                    }
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "listing ResourceSlices; checking the claim without them");
                         None
