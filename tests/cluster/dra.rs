@@ -5,7 +5,6 @@
 //! libvgpu.so. Then capacity runs out, deletes free it, and the plugin and the kubelet restart
 //! under running pods.
 
-use crate::image::PROBE_IMAGE;
 use crate::journey::http_get;
 use crate::kube::{Cluster, WAIT};
 use crate::parts::{Parts, GPU_UUID};
@@ -29,19 +28,14 @@ fn template(name: &str, mib: u64, cores: u32) -> Value {
             "capacity": {"requests": {"memory": format!("{mib}Mi"), "cores": cores.to_string()}}}}]}}}})
 }
 
-/// The probe (restricted Pod Security) with one claim from `template`, running `args`.
+/// The tier's probe pod (restricted Pod Security) with one claim from `template` instead of
+/// extended resources, running `args`.
 fn dra_pod(name: &str, template: &str, args: &[&str]) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS_DRA},
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 1000,
-                "seccompProfile": {"type": "RuntimeDefault"}},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
-                "args": args,
-                "env": [{"name": "FAKE_CUDA_DEVICE_MEMORY", "value": "24g"}],
-                "securityContext": {"allowPrivilegeEscalation": false,
-                    "capabilities": {"drop": ["ALL"]}},
-                "resources": {"claims": [{"name": "gpu"}]}}]}})
+    let mut pod = crate::journey::probe_pod(name, json!({}), args);
+    pod["metadata"]["namespace"] = json!(NS_DRA);
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
+    pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    pod
 }
 
 const HOLD: [&str; 5] = ["direct", "init", "ctx:0", "info", "hold:3600000"];
@@ -181,21 +175,8 @@ pub fn run(parts: &mut Parts<'_>) {
     let plain = plain_started.elapsed();
     c.delete(&["pod", "dra-plain", "-n", NS_DRA, "--grace-period=0"]);
     let dra_started = std::time::Instant::now();
-    c.create(&dra_pod(
-        "dra-a",
-        "slice-4g",
-        &[
-            "direct",
-            "init",
-            "ctx:0",
-            "alloc:4095m",
-            "alloc:1m",
-            "alloc:2m",
-            "info",
-            "hold:3600000",
-        ],
-    ))
-    .unwrap_or_else(|e| panic!("{step}: {e}"));
+    c.create(&dra_pod("dra-a", "slice-4g", &crate::journey::CAPPED_ARGS))
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
     c.wait_running(NS_DRA, "dra-a", step);
     let dra = dra_started.elapsed();
     report(&format!(
@@ -310,24 +291,8 @@ pub fn run(parts: &mut Parts<'_>) {
     );
 
     let step = "step 10f (DRA: kubelet restart)";
-    if let Some(scripts) = std::env::var_os("VGPU_CLUSTER_SCRIPTS").map(PathBuf::from) {
-        let before = registrations(parts);
-        let pid = std::fs::read_to_string(c.dir.join("run/kubelet.pid")).expect("kubelet pid");
-        assert!(std::process::Command::new("kill")
-            .arg(pid.trim())
-            .status()
-            .expect("kill")
-            .success());
-        let gone = format!("/proc/{}", pid.trim());
-        vgpu_tests::wait_for(WAIT, &format!("{step}: the kubelet stops"), || {
-            (!std::path::Path::new(&gone).exists()).then_some(())
-        });
-        let out = std::process::Command::new("bash")
-            .arg(scripts.join("node-up.sh"))
-            .env("KUBE_LOCAL", &c.dir)
-            .output()
-            .expect("node-up.sh");
-        assert!(out.status.success(), "{step}: node-up.sh: {out:?}");
+    let before = registrations(parts);
+    if c.restart_kubelet(step) {
         vgpu_tests::wait_for(
             Duration::from_secs(60),
             &format!("{step}: the kubelet registers the plugin again"),
@@ -337,8 +302,6 @@ pub fn run(parts: &mut Parts<'_>) {
             c.wait_running(NS_DRA, p, step);
         }
         still_capped(c, "dra-c", 20480, step);
-    } else {
-        report("DRA kubelet restart: skipped (set VGPU_CLUSTER_SCRIPTS)");
     }
 
     let step =

@@ -63,30 +63,10 @@ fn device_plugin_restart_keeps_running_pods_capped(j: &mut Journey<'_, '_>) {
 /// registers again by itself within 5 s.
 fn kubelet_restart_brings_the_plugin_back(j: &mut Journey<'_, '_>) {
     let step = "step 6b (kubelet restart)";
-    let Some(scripts) = std::env::var_os("VGPU_CLUSTER_SCRIPTS").map(std::path::PathBuf::from)
-    else {
-        report("kubelet restart: skipped (set VGPU_CLUSTER_SCRIPTS to the kube-local scripts, e.g. ../shared/kube)");
-        return;
-    };
     let c = j.cluster();
-    let pid_file = c.dir.join("run/kubelet.pid");
-    let pid = std::fs::read_to_string(&pid_file)
-        .unwrap_or_else(|e| panic!("{step}: {}: {e}", pid_file.display()));
-    let status = std::process::Command::new("kill")
-        .arg(pid.trim())
-        .status()
-        .expect("kill");
-    assert!(status.success(), "{step}: kill {pid}");
-    let gone = format!("/proc/{}", pid.trim());
-    vgpu_tests::wait_for(WAIT, &format!("{step}: the kubelet stops"), || {
-        (!std::path::Path::new(&gone).exists()).then_some(())
-    });
-    let out = std::process::Command::new("bash")
-        .arg(scripts.join("node-up.sh"))
-        .env("KUBE_LOCAL", &c.dir)
-        .output()
-        .expect("node-up.sh");
-    assert!(out.status.success(), "{step}: node-up.sh: {out:?}");
+    if !c.restart_kubelet(step) {
+        return;
+    }
     // From the new kubelet's log: its registration server starts, then our plugin registers.
     let log = c.dir.join("log/kubelet.log");
     let took = vgpu_tests::wait_for(

@@ -345,16 +345,7 @@ fn journey(c: &Cluster) {
         .and_then(|a| PodAssignment::decode(a).ok())
         .unwrap_or_else(|| panic!("{step}: no assignment: {pod}"));
     assert_eq!(a.containers[0].devices[0].memory_mib, 4096, "{step}");
-    let logs = c.logs_until(TENANT, "capped", step, |l| l.starts_with("info ="));
-    for want in [
-        format!("alloc {} = 2", 2u64 << 20),
-        format!("info = 0 free 0 total {}", 4096u64 << 20),
-    ] {
-        assert!(
-            logs.lines().any(|l| l == want),
-            "{step}: no {want:?} in:\n{logs}"
-        );
-    }
+    let logs = capped_at_4096(c, TENANT, "capped", step);
     assert!(
         !logs.contains("vgpu:"),
         "{step}: the hook complained:\n{logs}"
@@ -515,29 +506,12 @@ fn renew_job(c: &Cluster, name: &str) -> serde_json::Value {
 /// What an operator does to a running install, each while admissions go on: an upgrade with a
 /// changed value, a webhook replica killed, the certificate renewed by the CronJob's command.
 fn lifecycle(c: &Cluster) {
-    let chart = vgpu_tests::repo_root().join("helm/vgpu");
     let keeper = c.pod(TENANT, "again").expect("the journey's last pod runs");
     without_failed_admissions(
         c,
         "helm upgrade --set devicePlugin.deviceSplitCount=4",
         || {
-            helm(
-                c,
-                &[
-                    "upgrade",
-                    RELEASE,
-                    chart.to_str().expect("path"),
-                    "-n",
-                    NS,
-                    "--reuse-values",
-                    "--set",
-                    "devicePlugin.deviceSplitCount=4",
-                    "--wait",
-                    "--timeout",
-                    "4m",
-                ],
-            )
-            .unwrap_or_else(|e| panic!("upgrade: {e}\n{}", describe_release(c)));
+            upgrade(c, &["devicePlugin.deviceSplitCount=4"]);
             vgpu_tests::wait_for(WAIT, "upgrade: the node's GPU split in 4", || {
                 let node = c.get(&["node", &c.node])?;
                 (node["status"]["allocatable"]["nvidia.com/gpu"] == "4").then_some(())
@@ -754,34 +728,52 @@ fn uninstall(c: &Cluster) {
     c.kubectl(&["label", "node", &c.node, "gpu-"]).ok();
 }
 
+/// The logs of `capped_pod` `ns/name` once it reported: 2 MiB over its 4096 MiB refused, and
+/// `cuMemGetInfo` showing the slice.
+fn capped_at_4096(c: &Cluster, ns: &str, name: &str, step: &str) -> String {
+    let logs = c.logs_until(ns, name, step, |l| l.starts_with("info ="));
+    for want in [
+        format!("alloc {} = 2", 2u64 << 20),
+        format!("info = 0 free 0 total {}", 4096u64 << 20),
+    ] {
+        assert!(
+            logs.lines().any(|l| l == want),
+            "{step}: no {want:?} in:\n{logs}"
+        );
+    }
+    logs
+}
+
+/// `helm upgrade --reuse-values` with `sets`, waiting until the release is ready.
+fn upgrade(c: &Cluster, sets: &[&str]) {
+    let chart = vgpu_tests::repo_root().join("helm/vgpu");
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        chart.to_str().expect("path"),
+        "-n",
+        NS,
+        "--reuse-values",
+        "--wait",
+        "--timeout",
+        "4m",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(c, &args)
+        .unwrap_or_else(|e| panic!("helm upgrade {sets:?}: {e}\n{}", describe_release(c)));
+}
+
 /// DRA mode through the chart: `helm upgrade --set dra.enabled=true`, the node labelled
 /// `vgpu.io/mode=dra`; the device plugin's pod leaves the node and the DRA plugin's takes over,
 /// publishes the GPU, and a claim's pod runs capped; the installed webhook refuses a claim larger
 /// than the GPU. Then the node goes back to device-plugin mode.
 fn dra_mode(c: &Cluster) {
     let step = "installed DRA mode";
-    let chart = vgpu_tests::repo_root().join("helm/vgpu");
     let started = Instant::now();
-    helm(
-        c,
-        &[
-            "upgrade",
-            RELEASE,
-            chart.to_str().expect("path"),
-            "-n",
-            NS,
-            "--reuse-values",
-            "--set",
-            "dra.enabled=true",
-            // The fake GPU has no NVIDIA CDI spec.
-            "--set",
-            "dra.gpuCdiKind=",
-            "--wait",
-            "--timeout",
-            "4m",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{step}: upgrade: {e}\n{}", describe_release(c)));
+    // The fake GPU has no NVIDIA CDI spec.
+    upgrade(c, &["dra.enabled=true", "dra.gpuCdiKind="]);
     c.kubectl(&["label", "--overwrite", "node", &c.node, "vgpu.io/mode=dra"])
         .unwrap_or_else(|e| panic!("{e}"));
     let agents = |component: &str| -> Vec<String> {
@@ -854,16 +846,7 @@ fn dra_mode(c: &Cluster) {
     c.create_in(ns, pod)
         .unwrap_or_else(|e| panic!("{step}: {e}"));
     c.wait_running(ns, "dra-capped", step);
-    let logs = c.logs_until(ns, "dra-capped", step, |l| l.starts_with("info ="));
-    for want in [
-        format!("alloc {} = 2", 2u64 << 20),
-        format!("info = 0 free 0 total {}", 4096u64 << 20),
-    ] {
-        assert!(
-            logs.lines().any(|l| l == want),
-            "{step}: no {want:?} in:\n{logs}"
-        );
-    }
+    capped_at_4096(c, ns, "dra-capped", step);
     c.delete(&["namespace", ns]);
     c.kubectl(&["label", "node", &c.node, "vgpu.io/mode-"])
         .unwrap_or_else(|e| panic!("{e}"));

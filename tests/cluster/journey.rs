@@ -45,22 +45,25 @@ pub fn probe_pod(name: &str, limits: Value, args: &[&str]) -> Value {
                 "resources": {"limits": limits}}]}})
 }
 
-/// The journey's first pod: one vGPU of 4096 MiB and 30 % of the cores; the probe allocates 4095
-/// MiB, 1 MiB and then 2 MiB more (refused), reports `cuMemGetInfo` and holds.
+/// The probe's steps against a 4096 MiB slice: it allocates 4095 MiB, 1 MiB and then 2 MiB more
+/// (refused), reports `cuMemGetInfo` and holds.
+pub const CAPPED_ARGS: [&str; 8] = [
+    "direct",
+    "init",
+    "ctx:0",
+    "alloc:4095m",
+    "alloc:1m",
+    "alloc:2m",
+    "info",
+    "hold:3600000",
+];
+
+/// The journey's first pod: one vGPU of 4096 MiB and 30 % of the cores, running [`CAPPED_ARGS`].
 pub fn capped_pod(name: &str) -> Value {
     probe_pod(
         name,
         json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
-        &[
-            "direct",
-            "init",
-            "ctx:0",
-            "alloc:4095m",
-            "alloc:1m",
-            "alloc:2m",
-            "info",
-            "hold:3600000",
-        ],
+        &CAPPED_ARGS,
     )
 }
 

@@ -243,6 +243,34 @@ impl Cluster {
         self.create(&pod)
     }
 
+    /// Stops the node's kubelet (its pods keep running, as on a real node) and starts it again
+    /// with the kube-local scripts; `false` (and nothing done) without `VGPU_CLUSTER_SCRIPTS`.
+    pub fn restart_kubelet(&self, step: &str) -> bool {
+        let Some(scripts) = std::env::var_os("VGPU_CLUSTER_SCRIPTS").map(PathBuf::from) else {
+            crate::report(&format!("{step}: skipped (set VGPU_CLUSTER_SCRIPTS to the kube-local scripts, e.g. ../shared/kube)"));
+            return false;
+        };
+        let pid_file = self.dir.join("run/kubelet.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{step}: {}: {e}", pid_file.display()));
+        let status = std::process::Command::new("kill")
+            .arg(pid.trim())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "{step}: kill {pid}");
+        let gone = format!("/proc/{}", pid.trim());
+        vgpu_tests::wait_for(WAIT, &format!("{step}: the kubelet stops"), || {
+            (!Path::new(&gone).exists()).then_some(())
+        });
+        let out = std::process::Command::new("bash")
+            .arg(scripts.join("node-up.sh"))
+            .env("KUBE_LOCAL", &self.dir)
+            .output()
+            .expect("node-up.sh");
+        assert!(out.status.success(), "{step}: node-up.sh: {out:?}");
+        true
+    }
+
     /// Waits until pod `ns/name` is Running and returns it.
     pub fn wait_running(&self, ns: &str, name: &str, step: &str) -> Value {
         let c = self;

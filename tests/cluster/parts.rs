@@ -499,13 +499,7 @@ impl<'c> Parts<'c> {
     /// Kills the DRA plugin (SIGKILL) and starts it again with the same flags; returns how long
     /// the new one took until the kubelet registered it.
     pub fn restart_dra_plugin(&mut self) -> std::time::Duration {
-        let p = self.dra.as_mut().expect("DRA plugin");
-        p.proc.kill();
-        let started = std::time::Instant::now();
-        p.proc = launch_plugin(&p.cmd, &p.envs);
-        p.proc
-            .wait_for_line(START, |l| l.contains("registered with the kubelet"));
-        started.elapsed()
+        self.dra.as_mut().expect("DRA plugin").restart()
     }
 
     /// Waits until the node advertises the split GPU (`--split-count` devices, allocatable) and the
@@ -538,11 +532,18 @@ impl<'c> Parts<'c> {
     /// Kills the device plugin (SIGKILL) and starts it again with the same flags; returns how long
     /// the new one took to register with the kubelet.
     pub fn restart_device_plugin(&mut self) -> std::time::Duration {
-        let p = self.plugin.as_mut().expect("device plugin");
-        p.proc.kill();
+        self.plugin.as_mut().expect("device plugin").restart()
+    }
+}
+
+impl DevicePlugin {
+    /// SIGKILL, then the same command again; how long until the kubelet registered it (both modes
+    /// log "registered with the kubelet").
+    fn restart(&mut self) -> std::time::Duration {
+        self.proc.kill();
         let started = std::time::Instant::now();
-        p.proc = launch_plugin(&p.cmd, &p.envs);
-        p.proc
+        self.proc = launch_plugin(&self.cmd, &self.envs);
+        self.proc
             .wait_for_line(START, |l| l.contains("registered with the kubelet"));
         started.elapsed()
     }
