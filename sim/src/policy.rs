@@ -48,11 +48,17 @@ pub enum Policy {
     /// with `--ties name` (the extender choosing the node, `--choose-node`), by the 0..=10 node
     /// score with `--ties random` (kube-scheduler choosing among the extender's scores).
     OursLive,
+    /// DRA mode as kube-scheduler 1.36 places a claim of class `gpu.vgpu.io` by itself
+    /// (docs/dra.md): nodes by its default scores, which see no device (NodeResourcesFit's
+    /// LeastAllocated and NodeResourcesBalancedAllocation over CPU and memory, weight 1 each), and
+    /// inside the node the structured allocator's first fit: the first GPU in slice order (device
+    /// index) with room. Run with `--ties random`, as kube-scheduler breaks ties.
+    DraDefault,
 }
 
 impl Policy {
     /// All policies, in report order.
-    pub const ALL: [Policy; 9] = [
+    pub const ALL: [Policy; 10] = [
         Policy::Random,
         Policy::DotProd,
         Policy::BestFit,
@@ -62,6 +68,7 @@ impl Policy {
         Policy::Ours,
         Policy::FgdLive,
         Policy::OursLive,
+        Policy::DraDefault,
     ];
 
     /// Name on the command line and in reports.
@@ -76,6 +83,7 @@ impl Policy {
             Policy::Ours => "ours",
             Policy::FgdLive => "fgd-live",
             Policy::OursLive => "ours-live",
+            Policy::DraDefault => "dra-default",
         }
     }
 
@@ -88,7 +96,7 @@ impl Policy {
             Policy::GpuPacking => Some("04-GpuPacking"),
             Policy::BestFit => Some("05-BestFit"),
             Policy::Fgd => Some("06-FGD"),
-            Policy::Ours | Policy::FgdLive | Policy::OursLive => None,
+            Policy::Ours | Policy::FgdLive | Policy::OursLive | Policy::DraDefault => None,
         }
     }
 
@@ -109,7 +117,7 @@ impl fmt::Display for Policy {
 
 /// An unknown policy name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, fgd-live, ours-live, all)")]
+#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, fgd-live, ours-live, dra-default, all)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {
@@ -146,6 +154,8 @@ pub struct NodeState {
     pub cpu_left: u64,
     /// Free MiB.
     pub mem_left: u64,
+    /// Allocatable milli-CPU and MiB (kube-scheduler's resource scores are fractions of them).
+    pub cpu_mem_cap: (u64, u64),
     /// Free milli-GPU per GPU (first `ngpu` entries).
     pub gpu_left: [u32; MAX_GPUS],
     /// GPU count.
@@ -312,7 +322,35 @@ pub fn score(
         Policy::Ours => trace.ours.score(node, c),
         Policy::FgdLive => fgd_live(node, c, &trace.live),
         Policy::OursLive => ours_live(node, c, &trace.live, choose_node),
+        Policy::DraDefault => (kube_default(node, c), first_fit(node, c)),
     })
+}
+
+/// kube-scheduler's default node score without device scoring: NodeResourcesFit (LeastAllocated:
+/// the mean free fraction of CPU and memory after the pod, x100) plus
+/// NodeResourcesBalancedAllocation (100 x (1 - the standard deviation of the two used fractions)),
+/// as `pkg/scheduler/framework/plugins/noderesources` computes them.
+fn kube_default(node: &NodeState, c: &PodClass) -> i64 {
+    let (cpu_cap, mem_cap) = node.cpu_mem_cap;
+    if cpu_cap == 0 || mem_cap == 0 {
+        return 0;
+    }
+    let cpu_used = 1.0 - (node.cpu_left.saturating_sub(c.shape.cpu_milli)) as f64 / cpu_cap as f64;
+    let mem_used = 1.0 - (node.mem_left.saturating_sub(c.memory_mib)) as f64 / mem_cap as f64;
+    let least = ((1.0 - cpu_used) + (1.0 - mem_used)) / 2.0 * 100.0;
+    let balanced = (1.0 - (cpu_used - mem_used).abs() / 2.0) * 100.0;
+    (least + balanced) as i64
+}
+
+/// The structured allocator's first fit: the lowest-index GPU with room for a share pod.
+fn first_fit(node: &NodeState, c: &PodClass) -> GpuPick {
+    if !c.shape.is_share() {
+        return GpuPick::None;
+    }
+    node.gpus()
+        .iter()
+        .position(|&g| g >= c.shape.gpu_milli)
+        .map_or(GpuPick::None, |i| GpuPick::Index(i as u8))
 }
 
 /// GpuPacking: case 1 (only partly used GPUs needed) in [50, 100], case 2 (needs fully free

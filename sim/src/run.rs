@@ -130,6 +130,7 @@ pub fn simulate_with(
             let mut st = NodeState {
                 cpu_left: n.cpu_milli,
                 mem_left: n.memory_mib,
+                cpu_mem_cap: (n.cpu_milli, n.memory_mib),
                 gpu_left,
                 ngpu,
                 model: n.model,

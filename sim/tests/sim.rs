@@ -313,6 +313,7 @@ fn live_policies_score_as_the_extender() {
             let mut st = NodeState {
                 cpu_left: host.cpu_milli,
                 mem_left: host.mem_mib,
+                cpu_mem_cap: (host.cpu_milli, host.mem_mib),
                 gpu_left,
                 ngpu,
                 model: 0,
@@ -474,7 +475,8 @@ fn cli_writes_csv_summary_json_and_svg() {
             "fgd",
             "ours",
             "fgd-live",
-            "ours-live"
+            "ours-live",
+            "dra-default"
         ]
     );
 
