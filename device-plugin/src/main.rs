@@ -123,14 +123,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .init();
+    let _log_guard = vgpu_serve::logging::init(vgpu_serve::logging::LogFormat::Text);
     if let Some(dir) = &cli.install_lib {
         return install_lib(&cli.lib_source, dir);
     }

@@ -2,7 +2,7 @@
 //! `--listen`, `--metrics-listen`, `--scheduler-name`, `--node-policy` and `--gpu-policy`; the API
 //! client comes from `--kubeconfig`, `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,14 +15,7 @@ use vgpu_serve::Limits;
 
 use crate::server::Settings;
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use vgpu_serve::logging::LogFormat;
 
 /// vgpu-scheduler: kube-scheduler extender that places vGPU pods on physical GPUs.
 #[derive(Debug, Clone, Parser)]

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::Parser;
 use std::sync::Arc;
-use vgpu_scheduler::cli::{Cli, LogFormat};
+use vgpu_scheduler::cli::Cli;
 use vgpu_scheduler::server::{extender_app, metrics_app, AppState};
 use vgpu_scheduler::watch;
 
@@ -12,7 +12,7 @@ use vgpu_scheduler::watch;
 async fn main() -> anyhow::Result<()> {
     let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let _log_guard = vgpu_serve::logging::init(cli.log_format);
     // One crypto provider for the whole process (kube's client uses ring).
     let _ = rustls::crypto::ring::default_provider().install_default();
 
@@ -89,16 +89,4 @@ async fn main() -> anyhow::Result<()> {
     a.context("serving the extender API")?;
     m.context("serving metrics")?;
     Ok(())
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
-    }
 }

@@ -14,10 +14,13 @@
 //!   ([`body`]).
 //! - **File descriptors** ([`raise_nofile_limit`]): the soft RLIMIT_NOFILE is raised to the hard
 //!   one, so a thousand idle connections do not exhaust the usual 1024.
+//!
+//! And the one logging set-up of every binary ([`logging`]).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod body;
+pub mod logging;
 pub mod server;
 pub mod tls;
 

@@ -1,7 +1,7 @@
 //! Command-line flags (each also readable from the environment), parsed low, then raised into the
 //! settings the server runs with.
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,14 +18,7 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:8443";
 /// Listen address with `--dev`.
 pub const DEV_LISTEN: &str = "127.0.0.1:8443";
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use vgpu_serve::logging::LogFormat;
 
 /// vgpu-webhook: the admission webhook that rewrites vGPU pods.
 #[derive(Debug, Clone, Parser)]

@@ -14,5 +14,4 @@ pub mod mutate;
 pub mod pod;
 pub mod podview;
 pub mod server;
-pub mod tls;
 pub mod validate;

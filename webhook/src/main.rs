@@ -4,11 +4,10 @@ use anyhow::Context;
 use clap::Parser;
 use std::sync::Arc;
 use std::time::Duration;
-use vgpu_serve::tls::ClientAuth;
-use vgpu_webhook::cli::{CertSource, Cli, LogFormat};
+use vgpu_serve::tls::{self, ClientAuth};
+use vgpu_webhook::cli::{CertSource, Cli};
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, health_app, AppState};
-use vgpu_webhook::tls;
 use vgpu_webhook::validate::Validator;
 
 /// mimalloc instead of the C library's allocator: an admission allocates and frees a few hundred
@@ -21,7 +20,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let shutdown = vgpu_serve::shutdown_signal().context("installing the SIGTERM handler")?;
     let cli = Cli::parse();
-    let _log_guard = init_logging(cli.log_format);
+    let _log_guard = vgpu_serve::logging::init(cli.log_format);
     // One crypto provider for the whole process (kube's client uses ring too).
     let _ = rustls::crypto::ring::default_provider().install_default();
 
@@ -138,30 +137,4 @@ fn admission_client(mut config: kube::Config) -> anyhow::Result<kube::Client> {
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(2));
     kube::Client::try_from(config).context("Kubernetes client")
-}
-
-/// Logs go to stderr through a buffer that a writer thread empties every 50 ms, so a request
-/// never waits on the terminal or pipe, nor wakes another thread (one line per admission cost a
-/// quarter of the throughput when written inline, and a wake-up per line through a channel cost
-/// most of that too). Not lossy: when the buffer is full the request writes it out itself; warnings
-/// and errors are written at once. Keep the guard alive until exit; dropping it writes the rest.
-/// tracing-subscriber's formatter and timer, through tracing-appender's non-blocking writer over a
-/// buffered stderr: its worker thread writes whatever lines have queued up and flushes when the
-/// queue is empty, so under load one write carries many lines (one write per line, as stderr
-/// alone does, cost more than the rest of an admission: docs/webhook.md). Not lossy: when the
-/// queue is full, the request waits rather than lose its audit line. The guard flushes at exit.
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::new(std::io::stderr()));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
-    }
-    guard
 }
