@@ -66,37 +66,62 @@ fn claim_names(pod: &Pod) -> Vec<String> {
     out
 }
 
+/// A pod's claim by the name the pod uses.
+type Named<'a> = (String, &'a ResourceClaim);
+
 /// `(pod, note)` for each unschedulable pod whose claim of our class has no room.
 pub fn explain(
     pods: &[Arc<Pod>],
     claims: &[Arc<ResourceClaim>],
     slices: &[Arc<ResourceSlice>],
 ) -> Vec<(Arc<Pod>, String)> {
-    let slices: Vec<serde_json::Value> = slices.iter().map(|s| json(s.as_ref())).collect();
-    let cards = dra::cards(&slices);
-    let claim_json: Vec<serde_json::Value> = claims.iter().map(|c| json(c.as_ref())).collect();
-    let held = dra::held(&claim_json);
-    let mut out = Vec::new();
+    let allocated = |c: &ResourceClaim| c.status.as_ref().is_some_and(|s| s.allocation.is_some());
+    let by_name: HashMap<(&str, &str), &ResourceClaim> = claims
+        .iter()
+        .filter_map(|c| {
+            let key = (
+                c.metadata.namespace.as_deref()?,
+                c.metadata.name.as_deref()?,
+            );
+            Some((key, c.as_ref()))
+        })
+        .collect();
+    // The waiting claims first: every change to any claim or pending pod wakes the explainer, and
+    // without a waiting claim nothing needs the slices or the claims as JSON.
+    let mut waiting: Vec<(&Arc<Pod>, Vec<Named<'_>>)> = Vec::new();
     for pod in pods.iter().filter(|p| unschedulable(p)) {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        for name in claim_names(pod) {
-            let Some((c, v)) = claims.iter().zip(&claim_json).find(|(c, _)| {
-                c.metadata.name.as_deref() == Some(name.as_str())
-                    && c.metadata.namespace.as_deref() == Some(ns)
-            }) else {
-                continue;
-            };
-            let allocated = c.status.as_ref().is_some_and(|s| s.allocation.is_some());
-            if allocated {
-                continue;
-            }
-            if let Some(why) = dra::unallocatable(v, &cards, &held) {
-                out.push((pod.clone(), format!("claim {name}: {why}")));
-                break;
-            }
+        let unallocated: Vec<Named<'_>> = claim_names(pod)
+            .into_iter()
+            .filter_map(|name| {
+                let c = *by_name.get(&(ns, name.as_str()))?;
+                (!allocated(c)).then_some((name, c))
+            })
+            .collect();
+        if !unallocated.is_empty() {
+            waiting.push((pod, unallocated));
         }
     }
-    out
+    if waiting.is_empty() {
+        return Vec::new();
+    }
+    let slices: Vec<serde_json::Value> = slices.iter().map(|s| json(s.as_ref())).collect();
+    let cards = dra::cards(&slices);
+    let held_by: Vec<serde_json::Value> = claims
+        .iter()
+        .filter(|c| allocated(c))
+        .map(|c| json(c.as_ref()))
+        .collect();
+    let held = dra::held(&held_by);
+    waiting
+        .into_iter()
+        .filter_map(|(pod, unallocated)| {
+            unallocated.into_iter().find_map(|(name, c)| {
+                let why = dra::unallocatable(&json(c), &cards, &held)?;
+                Some((pod.clone(), format!("claim {name}: {why}")))
+            })
+        })
+        .collect()
 }
 
 /// A typed object as the JSON the shared model reads.
