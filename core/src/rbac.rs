@@ -111,6 +111,18 @@ pub const WEBHOOK: Component = Component {
             &["list"],
             "DRA mode: the published GPUs, to refuse a claim no GPU can serve",
         ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceclaims",
+            &["list", "watch"],
+            "DRA mode: count the gpumem a namespace's claims of class gpu.vgpu.io hold",
+        ),
+        ApiAccess::dra(
+            "resource.k8s.io",
+            "resourceclaimtemplates",
+            &["get", "list", "create", "patch", "delete"],
+            "DRA mode: make the templates of pods written for HAMi, stamp their use, delete unused ones; read a pod's templates for its quota",
+        ),
         ApiAccess {
             group: "",
             resource: "configmaps",

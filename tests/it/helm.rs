@@ -459,8 +459,8 @@ fn check_webhooks(chart: &Chart, resource: &str, mem: &str) {
         // With dra.enabled the validating configuration also has the claims webhook (checked in
         // chart_turns_on_dra_mode); the pods' comes first.
         let dra = chart.all("DeviceClass").next().is_some();
-        let claims = usize::from(dra && kind.starts_with("Validating"));
-        assert_eq!(hooks.len(), 1 + claims);
+        // With dra.enabled the mutating configuration also has the DRA namespaces' webhook.
+        assert_eq!(hooks.len(), 1 + usize::from(dra));
         let w = &hooks[0];
         let target = &w["clientConfig"]["service"];
         assert_eq!(
@@ -1080,6 +1080,42 @@ fn chart_turns_on_dra_mode() {
     ] {
         assert!(mounts.contains(&p.to_string()), "{p}: {mounts:?}");
     }
+    // DRA namespaces (vgpu.io/mode=dra) go to /mutate-dra, the others to /mutate; the pods'
+    // validating condition also takes pods whose claims come from templates.
+    let mutating = chart.get("MutatingWebhookConfiguration", &format!("{RELEASE}-mutate"));
+    let hooks = mutating["webhooks"].as_array().unwrap();
+    let mode = |w: &Value| w["namespaceSelector"]["matchExpressions"][0].clone();
+    assert_eq!(
+        mode(&hooks[0]),
+        json!({"key": "vgpu.io/mode", "operator": "NotIn", "values": ["dra"]})
+    );
+    assert_eq!(hooks[1]["name"], "mutate-dra.vgpu.io");
+    assert_eq!(hooks[1]["clientConfig"]["service"]["path"], "/mutate-dra");
+    assert_eq!(hooks[1]["sideEffects"], "NoneOnDryRun");
+    assert_eq!(
+        mode(&hooks[1]),
+        json!({"key": "vgpu.io/mode", "operator": "In", "values": ["dra"]})
+    );
+    assert_eq!(
+        hooks[1]["namespaceSelector"]["matchLabels"]["vgpu"],
+        "enabled"
+    );
+    let pods_validating = chart.get(
+        "ValidatingWebhookConfiguration",
+        &format!("{RELEASE}-validate"),
+    );
+    let pod_cond = pods_validating["webhooks"][0]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    let dra_pod = |claims: Value| json!({"kind": "Pod", "spec": {"resourceClaims": claims, "containers": [{"name": "c", "image": "i"}]}});
+    assert!(matches(
+        pod_cond,
+        &dra_pod(json!([{"name": "g", "resourceClaimTemplateName": "t"}]))
+    ));
+    assert!(!matches(
+        pod_cond,
+        &dra_pod(json!([{"name": "g", "resourceClaimName": "c"}]))
+    ));
     // The claims webhook: its match condition against claims and templates, as the API server
     // evaluates it.
     let validating = chart.get(

@@ -99,6 +99,15 @@ pub struct Cli {
     #[arg(long, env = "VGPU_WEBHOOK_SHUTDOWN_DELAY", default_value = "5s",
         value_parser = parse_duration)]
     pub shutdown_delay: Duration,
+    /// DRA mode (docs/dra.md): serve `/mutate-dra`, which turns pods written for HAMi into DRA
+    /// pods of class `gpu.vgpu.io`, and count those claims against the gpumem quota.
+    #[arg(long, env = "VGPU_WEBHOOK_DRA")]
+    pub dra: bool,
+    /// DRA mode: a ResourceClaimTemplate the webhook made is deleted once no pod names it and no
+    /// admission used it for this long.
+    #[arg(long, env = "VGPU_WEBHOOK_DRA_TEMPLATE_IDLE", default_value = "10m",
+        value_parser = parse_duration)]
+    pub dra_template_idle: Duration,
     /// Log format.
     #[arg(
         long,
@@ -144,6 +153,8 @@ pub struct Settings {
     pub health_listen: Option<SocketAddr>,
     /// Timeouts and the body limit of every connection.
     pub limits: Limits,
+    /// DRA mode's template idle time; `None` when DRA mode is off.
+    pub dra_template_idle: Option<Duration>,
 }
 
 impl Cli {
@@ -174,7 +185,9 @@ impl Cli {
                 rules: file.policy.clone(),
                 reservation_ttl: std::time::Duration::from_secs(self.reservation_ttl),
                 ledger_namespace: self.namespace.clone(),
+                dra: self.dra,
             },
+            dra_template_idle: self.dra.then_some(self.dra_template_idle),
             kubeconfig: self.kubeconfig.clone(),
             mutate: MutateSettings {
                 policy: file.request_policy(),

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod cli;
 pub mod config;
+pub mod dra;
 pub mod metrics;
 pub mod mutate;
 pub mod pod;

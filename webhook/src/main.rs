@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use vgpu_serve::tls::{self, ClientAuth};
 use vgpu_webhook::cli::{CertSource, Cli};
+use vgpu_webhook::dra::{templates, DraMutator};
 use vgpu_webhook::metrics::Metrics;
 use vgpu_webhook::server::{app, health_app, AppState};
 use vgpu_webhook::validate::Validator;
@@ -38,18 +39,21 @@ async fn main() -> anyhow::Result<()> {
         CertSource::SelfSigned => (tls::dev_server_config(&settings.client_auth)?, None),
     };
     let metrics = Arc::new(Metrics::new());
-    let validator = match kube_client(settings.kubeconfig.as_deref()).await? {
+    let client = kube_client(settings.kubeconfig.as_deref()).await?;
+    let dra = DraMutator::new(settings.mutate.policy.clone(), client.clone());
+    if let (Some(client), Some(idle)) = (&client, settings.dra_template_idle) {
+        templates::spawn_sweeper(client.clone(), idle);
+    }
+    let validator = match client {
         Some(client) => Validator::connected(settings.validate.clone(), client, metrics.clone()),
         None => {
             tracing::warn!("no Kubernetes API configured (--kubeconfig, in-cluster or $KUBECONFIG): quota is not enforced and no Events are written; policy rules still apply");
             Validator::offline(settings.validate.clone(), metrics.clone())
         }
     };
-    let state = Arc::new(AppState::with_validator(
-        settings.mutate.clone(),
-        validator,
-        metrics,
-    ));
+    let state = Arc::new(
+        AppState::with_validator(settings.mutate.clone(), validator, metrics).with_dra(dra),
+    );
     let router = app(state.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -1,4 +1,4 @@
-//! The HTTP surface: `POST /mutate`, `POST /validate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//! The HTTP surface: `POST /mutate`, `POST /mutate-dra`, `POST /validate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! Every well-formed review gets a review back, whatever the decision; only bodies that are not
 //! reviews get 400, and bodies over [`MAX_BODY_BYTES`] get 413 before they are read whole.
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, ReviewOut};
+use crate::dra::DraMutator;
 use crate::metrics::{AdmissionLabels, Metrics};
 use crate::mutate::{mutate_pod, MutateError, MutateSettings};
 use crate::validate::{ValidateSettings, Validator};
@@ -28,6 +29,8 @@ pub struct AppState {
     pub mutate: MutateSettings,
     /// The validating decision and its view of the cluster.
     pub validator: Validator,
+    /// DRA mode's mutation (`/mutate-dra`).
+    pub dra: DraMutator,
     /// Counters and histograms served at `/metrics`.
     pub metrics: Arc<Metrics>,
 }
@@ -41,6 +44,7 @@ impl AppState {
             ..ValidateSettings::default()
         };
         AppState {
+            dra: DraMutator::new(mutate.policy.clone(), None),
             mutate,
             validator: Validator::offline(settings, metrics.clone()),
             metrics,
@@ -54,10 +58,17 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> AppState {
         AppState {
+            dra: DraMutator::new(mutate.policy.clone(), None),
             mutate,
             validator,
             metrics,
         }
+    }
+
+    /// The same state with DRA mode's mutation given.
+    pub fn with_dra(mut self, dra: DraMutator) -> AppState {
+        self.dra = dra;
+        self
     }
 }
 
@@ -65,6 +76,7 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
+        .route("/mutate-dra", post(mutate_dra))
         .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -170,12 +182,34 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         }
     };
     let (response, decision) = decide_mutation(&request, &state.mutate);
-    answer_mutation(&state, started, &request, response, decision)
+    answer_mutation(&state, "mutate", started, &request, response, decision)
+}
+
+async fn mutate_dra(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let request = match AdmissionRequest::from_review_bytes(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(endpoint = "mutate-dra", decision = "bad-request", error = %e, "admission");
+            state.metrics.admission(
+                AdmissionLabels {
+                    endpoint: "mutate-dra",
+                    decision: "bad-request",
+                    reason: "not-a-review",
+                },
+                started.elapsed(),
+            );
+            return bad_request(e.to_string());
+        }
+    };
+    let (response, decision) = state.dra.decide(&request).await;
+    answer_mutation(&state, "mutate-dra", started, &request, response, decision)
 }
 
 /// Counts and logs a mutating decision, and writes its review.
 fn answer_mutation(
     state: &AppState,
+    endpoint: &'static str,
     started: Instant,
     request: &AdmissionRequest,
     response: AdmissionResponse,
@@ -183,7 +217,7 @@ fn answer_mutation(
 ) -> Response {
     state.metrics.admission(
         AdmissionLabels {
-            endpoint: "mutate",
+            endpoint,
             decision: if response.allowed {
                 "allowed"
             } else {
@@ -194,7 +228,7 @@ fn answer_mutation(
         started.elapsed(),
     );
     tracing::info!(
-        endpoint = "mutate",
+        endpoint,
         uid = %request.uid,
         namespace = request.namespace.as_deref().unwrap_or(""),
         pod = request.object_name(),

@@ -1,5 +1,7 @@
 //! The webhook's view of the cluster: ResourceQuotas with vGPU keys, vGPU pods (by the label the
-//! mutating webhook stamps) reduced to what quota needs, and the largest card of the node inventory.
+//! mutating webhook stamps) reduced to what quota needs, the largest card of the node inventory,
+//! and in DRA mode the ResourceClaims of class `gpu.vgpu.io` (each counted like a pod: the quota
+//! counts what a namespace's pods and claims hold together).
 //!
 //! Each is fed by a kube-runtime watcher (LIST, then WATCH from its resourceVersion, re-LIST on
 //! 410 Gone), whose `Init … InitDone` sequence replaces the cached set atomically. A watcher error
@@ -46,11 +48,17 @@ type ByNamespace<T> = HashMap<String, Vec<T>>;
 pub struct ClusterCache {
     quotas: RwLock<ByNamespace<Quota>>,
     pods: RwLock<ByNamespace<CachedPod>>,
+    /// DRA mode's claims of class `gpu.vgpu.io`, as what they hold (`name` is
+    /// `resourceclaim/<name>`, which no pod name can be).
+    claims: RwLock<ByNamespace<CachedPod>>,
     /// Largest card per node, MiB.
     cards: RwLock<HashMap<String, u64>>,
     quotas_synced: AtomicBool,
     pods_synced: AtomicBool,
     nodes_synced: AtomicBool,
+    claims_synced: AtomicBool,
+    /// Whether claims are watched (DRA mode).
+    dra: AtomicBool,
     /// Per cache, since when it has been unsynced after having been complete, and the last error.
     trouble: Mutex<HashMap<&'static str, Trouble>>,
     /// Every vGPU pod uid the pod watch has delivered, with when it was first seen: a quota
@@ -87,20 +95,25 @@ struct Trouble {
 impl ClusterCache {
     /// Whether every cache holds a complete LIST (readiness).
     pub fn synced(&self) -> bool {
-        self.quotas_synced.load(Ordering::Acquire)
-            && self.pods_synced.load(Ordering::Acquire)
-            && self.nodes_synced.load(Ordering::Acquire)
+        self.sync_states().iter().all(|(_, synced)| *synced)
     }
 
-    /// Each cache by name (`resourcequotas`, `pods`, `nodes`) and whether it holds a complete LIST
-    /// and its watch is healthy: `/readyz`'s clauses and the `vgpu_webhook_cache_synced` gauge.
-    pub fn sync_states(&self) -> [(&'static str, bool); 3] {
-        [
+    /// Each cache by name (`resourcequotas`, `pods`, `nodes`, in DRA mode `resourceclaims`) and
+    /// whether it holds a complete LIST and its watch is healthy: `/readyz`'s clauses and the
+    /// `vgpu_webhook_cache_synced` gauge.
+    pub fn sync_states(&self) -> Vec<(&'static str, bool)> {
+        let mut caches = vec![
             ("resourcequotas", &self.quotas_synced),
             ("pods", &self.pods_synced),
             ("nodes", &self.nodes_synced),
-        ]
-        .map(|(what, synced)| (what, synced.load(Ordering::Acquire)))
+        ];
+        if self.dra.load(Ordering::Acquire) {
+            caches.push(("resourceclaims", &self.claims_synced));
+        }
+        caches
+            .into_iter()
+            .map(|(what, synced)| (what, synced.load(Ordering::Acquire)))
+            .collect()
     }
 
     /// Why the caches are not all complete, for `/readyz`: one clause per cache that is not, e.g.
@@ -155,9 +168,15 @@ impl ClusterCache {
         self.quotas_synced.load(Ordering::Acquire)
     }
 
-    /// Whether the pod cache is complete.
+    /// Whether the pod cache (and in DRA mode the claim cache) is complete.
     pub fn pods_synced(&self) -> bool {
         self.pods_synced.load(Ordering::Acquire)
+            && (!self.dra.load(Ordering::Acquire) || self.claims_synced.load(Ordering::Acquire))
+    }
+
+    /// Whether claims are counted (DRA mode).
+    pub fn dra(&self) -> bool {
+        self.dra.load(Ordering::Acquire)
     }
 
     /// The vGPU quotas of a namespace (possibly stale if not [`Self::quotas_synced`]).
@@ -173,15 +192,29 @@ impl ClusterCache {
         read(&self.quotas).values().flatten().cloned().collect()
     }
 
-    /// The non-terminal vGPU pods of a namespace.
+    /// The non-terminal vGPU pods of a namespace, then its claims of class `gpu.vgpu.io`.
     pub fn pods(&self, namespace: &str) -> Vec<CachedPod> {
-        read(&self.pods).get(namespace).cloned().unwrap_or_default()
+        let mut out = read(&self.pods).get(namespace).cloned().unwrap_or_default();
+        out.extend(
+            read(&self.claims)
+                .get(namespace)
+                .into_iter()
+                .flatten()
+                .cloned(),
+        );
+        out
     }
 
-    /// Calls `f` with the namespace's pods without copying them.
+    /// Calls `f` with what [`Self::pods`] returns, without copying the pods when the namespace
+    /// has no claims.
     pub fn with_pods<R>(&self, namespace: &str, f: impl FnOnce(&[CachedPod]) -> R) -> R {
+        let claims = read(&self.claims);
         let guard = read(&self.pods);
-        f(guard.get(namespace).map(Vec::as_slice).unwrap_or_default())
+        let pods = guard.get(namespace).map(Vec::as_slice).unwrap_or_default();
+        match claims.get(namespace) {
+            None => f(pods),
+            Some(c) => f(&[pods, c.as_slice()].concat()),
+        }
     }
 
     /// The largest card any node reports, MiB; None when no inventory is known.
@@ -248,6 +281,23 @@ impl ClusterCache {
         self.pods_synced.store(true, Ordering::Release);
     }
 
+    /// Remembers the largest GPU the DRA plugins publish (MiB), beside the node inventory's.
+    pub fn note_largest_published_card(&self, mib: u64) {
+        write(&self.cards).insert(" ResourceSlices".to_string(), mib);
+    }
+
+    /// Replaces the claims, as (namespace, claim), and turns DRA mode on.
+    pub fn load_claims(&self, claims: impl IntoIterator<Item = (String, CachedPod)>) {
+        let mut map: ByNamespace<CachedPod> = HashMap::new();
+        for (ns, c) in claims {
+            self.note_seen([c.uid.as_str()]);
+            map.entry(ns).or_default().push(c);
+        }
+        *write(&self.claims) = map;
+        self.dra.store(true, Ordering::Release);
+        self.claims_synced.store(true, Ordering::Release);
+    }
+
     /// Replaces the node inventory, as (node, largest card MiB).
     pub fn load_cards(&self, cards: impl IntoIterator<Item = (String, u64)>) {
         *write(&self.cards) = cards.into_iter().collect();
@@ -306,6 +356,28 @@ pub fn cached_pod(pod: &Value, policy: &RequestPolicy, largest_card_mib: u64) ->
     })
 }
 
+/// The cache entry's name for a claim: `resourceclaim/<name>`.
+pub fn claim_key(name: &str) -> String {
+    format!("resourceclaim/{name}")
+}
+
+/// Reduces a ResourceClaim to its cache entry; None when it asks nothing of class `gpu.vgpu.io`.
+pub fn cached_claim(claim: &Value, largest_card_mib: u64) -> Option<CachedPod> {
+    let usage = super::usage::claim_usage(claim, largest_card_mib)?;
+    let s = |p: &str| {
+        claim
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    Some(CachedPod {
+        name: claim_key(&s("/metadata/name")),
+        uid: s("/metadata/uid"),
+        usage,
+    })
+}
+
 /// Largest card in a node's inventory annotation, MiB.
 pub fn node_largest_card(node: &Value) -> Option<u64> {
     let text = node
@@ -316,8 +388,36 @@ pub fn node_largest_card(node: &Value) -> Option<u64> {
     inv.devices.iter().map(|d| d.memory_mib).max()
 }
 
-/// Starts the three watchers on the runtime; they run until the process ends.
-pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: RequestPolicy) {
+/// Starts the watchers on the runtime (with `dra`, the claims' too); they run until the process
+/// ends.
+pub fn spawn_watchers(
+    client: kube::Client,
+    cache: Arc<ClusterCache>,
+    policy: RequestPolicy,
+    dra: bool,
+) {
+    if dra {
+        cache.dra.store(true, Ordering::Release);
+        let claims: Api<DynamicObject> = Api::all_with(client.clone(), &claims_resource());
+        let c = cache.clone();
+        tokio::spawn(run_watcher(
+            claims,
+            watcher::Config::default(),
+            "resourceclaims",
+            move |change| {
+                let largest = c.largest_card_mib().unwrap_or(0);
+                apply_namespaced(
+                    &c.claims,
+                    change,
+                    &|v| cached_claim(v, largest),
+                    |p: &CachedPod| p.name.strip_prefix("resourceclaim/").unwrap_or(&p.name),
+                );
+                note_uids(&c, change);
+            },
+            cache.clone(),
+            |c, v| c.claims_synced.store(v, Ordering::Release),
+        ));
+    }
     let names = policy.names.clone();
     let quotas: Api<DynamicObject> = Api::all_with(
         client.clone(),
@@ -360,16 +460,7 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
                 &|v| cached_pod(v, &policy, largest),
                 |p: &CachedPod| p.name.as_str(),
             );
-            // After the change is applied: a uid seen is a pod the cache holds (or held), so a
-            // decision that finds its reservation done finds the pod in its snapshot.
-            fn uid(v: &Value) -> Option<&str> {
-                v.pointer("/metadata/uid").and_then(Value::as_str)
-            }
-            match &change {
-                Change::Replace(all) => c.note_seen(all.iter().filter_map(|(_, v)| uid(v))),
-                Change::Apply(_, v) => c.note_seen(uid(v)),
-                Change::Delete(_) => {}
-            }
+            note_uids(&c, change);
         },
         cache.clone(),
         |c, v| c.pods_synced.store(v, Ordering::Release),
@@ -408,6 +499,30 @@ pub fn spawn_watchers(client: kube::Client, cache: Arc<ClusterCache>, policy: Re
         cache,
         |c, v| c.nodes_synced.store(v, Ordering::Release),
     ));
+}
+
+/// After a change is applied: a uid seen is an object the cache holds (or held), so a decision
+/// that finds its reservation done finds the object in its snapshot.
+fn note_uids(cache: &ClusterCache, change: Change<'_>) {
+    fn uid(v: &Value) -> Option<&str> {
+        v.pointer("/metadata/uid").and_then(Value::as_str)
+    }
+    match change {
+        Change::Replace(all) => cache.note_seen(all.iter().filter_map(|(_, v)| uid(v))),
+        Change::Apply(_, v) => cache.note_seen(uid(v)),
+        Change::Delete(_) => {}
+    }
+}
+
+/// `resource.k8s.io/v1` ResourceClaims.
+fn claims_resource() -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "resource.k8s.io/v1".into(),
+        kind: "ResourceClaim".into(),
+        plural: "resourceclaims".into(),
+    }
 }
 
 /// (namespace, name).
@@ -584,6 +699,7 @@ fn slim(v: Value) -> Value {
             "scopeSelector",
             "activeDeadlineSeconds",
             "priorityClassName",
+            "devices",
         ] {
             if let Some(x) = spec.get(k) {
                 keep.insert(k.into(), x.clone());
@@ -611,26 +727,45 @@ fn slim(v: Value) -> Value {
     if let Some(phase) = v.pointer("/status/phase") {
         out.insert("status".into(), serde_json::json!({ "phase": phase }));
     }
+    if let Some(allocation) = v.pointer("/status/allocation") {
+        out.insert(
+            "status".into(),
+            serde_json::json!({ "allocation": allocation }),
+        );
+    }
     Value::Object(out)
 }
 
-/// LISTs a namespace's vGPU pods afresh (used when the pod cache is not synced).
+/// LISTs a namespace's vGPU pods (with `dra`, then its claims) afresh (used when the pod or
+/// claim cache is not synced).
 pub async fn list_pods(
     client: &kube::Client,
     namespace: &str,
     policy: &RequestPolicy,
     largest_card_mib: u64,
+    dra: bool,
 ) -> Result<Vec<CachedPod>, kube::Error> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &api_resource("Pod", "pods"));
     let list = api
         .list(&ListParams::default().labels(MANAGED_SELECTOR))
         .await?;
-    Ok(list
+    let mut out: Vec<CachedPod> = list
         .items
         .iter()
         .filter_map(|o| cached_pod(&to_value(o), policy, largest_card_mib))
-        .collect())
+        .collect();
+    if dra {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &claims_resource());
+        let list = api.list(&ListParams::default()).await?;
+        out.extend(
+            list.items
+                .iter()
+                .filter_map(|o| cached_claim(&to_value(o), largest_card_mib)),
+        );
+    }
+    Ok(out)
 }
 
 /// LISTs a namespace's quotas afresh (used when the quota cache is not synced).

@@ -48,6 +48,8 @@ pub struct ValidateSettings {
     pub reservation_ttl: Duration,
     /// Namespace of the ledger ConfigMaps (the webhook's own).
     pub ledger_namespace: String,
+    /// DRA mode: claims of class `gpu.vgpu.io` count against the quota too.
+    pub dra: bool,
 }
 
 impl Default for ValidateSettings {
@@ -57,6 +59,7 @@ impl Default for ValidateSettings {
             rules: PolicyRules::default(),
             reservation_ttl: DEFAULT_RESERVATION_TTL,
             ledger_namespace: "vgpu-system".into(),
+            dra: false,
         }
     }
 }
@@ -88,11 +91,22 @@ impl std::fmt::Debug for Validator {
 /// A decision with its one-word label for logs and metrics.
 pub type Decision = (AdmissionResponse, &'static str);
 
-/// A review that passed the checks that need only the pod.
+/// A review that passed the checks that need only the object.
+#[derive(Clone)]
 struct Admissible<'r> {
+    /// The pod or claim.
     pod: &'r Value,
     namespace: String,
     dry_run: bool,
+    /// What a refusal's Event is about when the object has no controller.
+    fallback: events::ObjectRef,
+    /// What it would hold; `None`: computed from the pod by [`Validator::incoming`].
+    usage: Option<usage::PodUsage>,
+    /// Whether an admission writes a reservation (`false`: a DRA pod, whose claims are
+    /// reserved when the claim controller makes them; the pod is only checked).
+    reserve: bool,
+    /// A DRA pod's ResourceClaimTemplates, whose claims' usage is read in [`Validator::quota`].
+    templates: Vec<String>,
 }
 
 impl Validator {
@@ -119,7 +133,12 @@ impl Validator {
         warn_if_update_rule_is_off(&settings);
         let cache = Arc::new(ClusterCache::default());
         cache.keep_seen_for(settings.reservation_ttl);
-        cache::spawn_watchers(client.clone(), cache.clone(), settings.policy.clone());
+        cache::spawn_watchers(
+            client.clone(),
+            cache.clone(),
+            settings.policy.clone(),
+            settings.dra,
+        );
         let ledger_namespace = LedgerNamespace::new(&settings.ledger_namespace);
         ledger_namespace.spawn_check(client.clone());
         Validator {
@@ -228,9 +247,9 @@ impl Validator {
             Continue(a) => a,
             Break(d) => return d,
         };
-        let namespace = &a.namespace;
+        let namespace = a.namespace.clone();
         let deadline = RESERVE_DEADLINE + Duration::from_millis(500);
-        match tokio::time::timeout(deadline, self.quota(request, a.pod, namespace, a.dry_run)).await {
+        match tokio::time::timeout(deadline, self.quota(request, &a)).await {
             Ok(d) => d,
             Err(_) => (
                 AdmissionResponse::allow(&request.uid).deny(
@@ -290,13 +309,62 @@ impl Validator {
                 }
             }
         };
-        match claim::check(kind, object, cards.as_deref()) {
-            Err(why) => (
-                allow.deny(422, "Invalid", format!("vgpu: {why}")),
-                "invalid-claim",
-            ),
-            Ok(warnings) => (allow.with_warnings(warnings), "claim"),
+        let warnings = match claim::check(kind, object, cards.as_deref()) {
+            Err(why) => {
+                return (
+                    allow.deny(422, "Invalid", format!("vgpu: {why}")),
+                    "invalid-claim",
+                )
+            }
+            Ok(w) => w,
+        };
+        if kind != "ResourceClaim" || !self.settings.dra {
+            return (allow.with_warnings(warnings), "claim");
         }
+        // DRA mode: the claim holds GPU memory, counted against the namespace's quota like a pod.
+        let namespace = namespace_of(request, object);
+        if let Some(mib) = cards
+            .iter()
+            .flatten()
+            .map(|c| c.memory.div_ceil(1 << 20))
+            .max()
+        {
+            // A claim that asks no memory takes a whole card: count it as the largest published.
+            self.cache.note_largest_published_card(mib);
+        }
+        let largest = self.cache.largest_card_mib().unwrap_or(0);
+        let Some(held) = usage::claim_usage(object, largest) else {
+            return (allow.with_warnings(warnings), "claim");
+        };
+        if usage::asks_all_gpus(object) {
+            let quotas = self.cache.quotas(&namespace);
+            if quotas
+                .iter()
+                .any(|q| q.unsupported.is_none() && !q.limits.is_empty() && q.covers(&held.facts))
+            {
+                return (
+                    allow.deny(403, "Forbidden", format!("vgpu: spec.devices.requests: allocationMode All asks for every GPU of class {}, which the vGPU quota of namespace {namespace} cannot count; ask a count", claim::CLASS)),
+                    "quota",
+                );
+            }
+        }
+        let a = Admissible {
+            pod: object,
+            fallback: events::ObjectRef {
+                api_version: "resource.k8s.io/v1".into(),
+                kind: "ResourceClaim".into(),
+                namespace: namespace.clone(),
+                name: request.object_name().to_string(),
+                uid: String::new(),
+            },
+            namespace,
+            dry_run: request.dry_run == Some(true),
+            usage: Some(held),
+            reserve: true,
+            templates: Vec::new(),
+        };
+        let (response, label) = self.quota(request, &a).await;
+        (response.with_warnings(warnings), label)
     }
 
     /// The decision for one review on a fixed snapshot, without any API call: the steps of
@@ -315,7 +383,7 @@ impl Validator {
         };
         let allow = AdmissionResponse::allow(&request.uid);
         let quotas = self.cache.quotas(&a.namespace);
-        let incoming = match self.incoming(request, a.pod, &quotas) {
+        let incoming = match self.incoming(request, &a, &quotas) {
             Continue(Some(r)) => r,
             Continue(None) => return ((allow, "no-quota"), None),
             Break(d) => return (d, None),
@@ -334,6 +402,7 @@ impl Validator {
         ) {
             Attempt::AlreadyReserved => ((allow, "reserved"), None),
             Attempt::Exceeded(e) => (self.exceeded(request, &a, e), None),
+            Attempt::Write(_) if !a.reserve => ((allow, "checked"), None),
             Attempt::Write(_) if a.dry_run => ((allow, "reserved"), None),
             Attempt::Write(next) => ((allow, "reserved"), Some(next)),
         }
@@ -366,7 +435,19 @@ impl Validator {
             Err(e) => return Break((allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid")),
         };
         if containers.is_empty() {
-            return Break((allow, "no-vgpu"));
+            let templates = self.dra_templates(pod);
+            if templates.is_empty() {
+                return Break((allow, "no-vgpu"));
+            }
+            return Continue(Admissible {
+                fallback: events::pod_ref(request, &namespace),
+                pod,
+                namespace,
+                dry_run,
+                usage: None,
+                reserve: false,
+                templates,
+            });
         }
         let largest = self.cache.largest_card_mib();
         if let Err(v) = policy::check(
@@ -380,10 +461,59 @@ impl Validator {
             return Break(self.policy_denial(request, pod, &namespace, dry_run, v));
         }
         Continue(Admissible {
+            fallback: events::pod_ref(request, &namespace),
             pod,
             namespace,
             dry_run,
+            usage: None,
+            reserve: true,
+            templates: Vec::new(),
         })
+    }
+
+    /// The ResourceClaimTemplates a pod's claims come from (DRA mode only; none otherwise).
+    fn dra_templates(&self, pod: &Value) -> Vec<String> {
+        if !self.settings.dra {
+            return Vec::new();
+        }
+        pod.pointer("/spec/resourceClaims")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["resourceClaimTemplateName"].as_str())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// What the claims made from `templates` would hold (those of class `gpu.vgpu.io`; `None`
+    /// when none is): read afresh, as the mutating webhook may have made one a moment ago. A
+    /// template not there yet holds nothing (its claim is counted when it is made).
+    async fn templates_usage(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        templates: &[String],
+        pod: &Value,
+    ) -> Result<Option<usage::PodUsage>, kube::Error> {
+        let api: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+            Api::namespaced(client.clone(), namespace);
+        let largest = self.cache.largest_card_mib().unwrap_or(0);
+        let mut slices = Vec::new();
+        for name in templates {
+            let Some(t) = api.get_opt(name).await? else {
+                continue;
+            };
+            // The template's claim spec, read as the claim it makes.
+            let claim =
+                serde_json::json!({"spec": serde_json::to_value(&t.spec.spec).unwrap_or_default()});
+            if let Some(u) = usage::claim_usage(&claim, largest) {
+                slices.extend(u.slices);
+            }
+        }
+        Ok((!slices.is_empty()).then(|| usage::PodUsage {
+            slices,
+            facts: usage::scope_facts(pod),
+        }))
     }
 
     /// A Pod UPDATE: only the reserved annotations and the managed label are checked
@@ -438,14 +568,21 @@ impl Validator {
     fn incoming(
         &self,
         request: &AdmissionRequest,
-        pod: &Value,
+        a: &Admissible<'_>,
         quotas: &[Quota],
     ) -> ControlFlow<Decision, Option<ledger::Reservation>> {
         let allow = AdmissionResponse::allow(&request.uid);
+        let pod = a.pod;
         let largest = self.cache.largest_card_mib().unwrap_or(0);
-        let usage = match usage::pod_usage(pod, &self.settings.policy, largest) {
-            Ok(u) => u,
-            Err(e) => return Break((allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid")),
+        let usage = match &a.usage {
+            Some(u) => u.clone(),
+            None if !a.templates.is_empty() => return Continue(None),
+            None => match usage::pod_usage(pod, &self.settings.policy, largest) {
+                Ok(u) => u,
+                Err(e) => {
+                    return Break((allow.deny(422, "Invalid", format!("vgpu: {e}")), "invalid"))
+                }
+            },
         };
         let applies = quotas
             .iter()
@@ -458,9 +595,13 @@ impl Validator {
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
             .unwrap_or(&request.uid);
+        let name = match a.fallback.kind.as_str() {
+            "ResourceClaim" => cache::claim_key(request.object_name()),
+            _ => request.object_name().to_string(),
+        };
         Continue(Some(ledger::reservation(
             uid,
-            request.object_name(),
+            &name,
             usage,
             self.settings.reservation_ttl,
         )))
@@ -477,7 +618,7 @@ impl Validator {
         if !a.dry_run {
             self.events.record(Rejection {
                 namespace: namespace.to_string(),
-                regarding: events::regarding(a.pod, namespace, events::pod_ref(request, namespace)),
+                regarding: events::regarding(a.pod, namespace, a.fallback.clone()),
                 reason: REASON_QUOTA,
                 note: e.message.clone(),
             });
@@ -488,17 +629,12 @@ impl Validator {
         )
     }
 
-    async fn quota(
-        &self,
-        request: &AdmissionRequest,
-        pod: &Value,
-        namespace: &str,
-        dry_run: bool,
-    ) -> Decision {
+    async fn quota(&self, request: &AdmissionRequest, a: &Admissible<'_>) -> Decision {
         let allow = AdmissionResponse::allow(&request.uid);
         let Some(client) = &self.client else {
             return (allow, "no-quota");
         };
+        let namespace = a.namespace.as_str();
         let quotas = match self.quotas(client, namespace).await {
             Ok(q) => q,
             Err(message) => {
@@ -508,7 +644,25 @@ impl Validator {
                 )
             }
         };
-        let incoming = match self.incoming(request, pod, &quotas) {
+        let mut a = a.clone();
+        if !a.templates.is_empty() {
+            if quotas.is_empty() {
+                return (allow, "no-quota");
+            }
+            match self
+                .templates_usage(client, namespace, &a.templates, a.pod)
+                .await
+            {
+                Ok(Some(u)) => a.usage = Some(u),
+                Ok(None) => return (allow, "no-vgpu"),
+                Err(e) => return (
+                    allow.deny(503, "ServiceUnavailable", format!("vgpu quota cannot be checked in namespace {namespace}: the pod's ResourceClaimTemplates cannot be read ({e})")),
+                    "unavailable",
+                ),
+            }
+        }
+        let a = &a;
+        let incoming = match self.incoming(request, a, &quotas) {
             Continue(Some(r)) => r,
             Continue(None) => return (allow, "no-quota"),
             Break(d) => return d,
@@ -582,16 +736,11 @@ impl Validator {
                 &|uid| seen.contains(uid),
             ) {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
-                Attempt::Exceeded(e) => {
-                    let a = Admissible {
-                        pod,
-                        namespace: namespace.to_string(),
-                        dry_run,
-                    };
-                    return self.exceeded(request, &a, e);
-                }
+                Attempt::Exceeded(e) => return self.exceeded(request, a, e),
+                // A DRA pod is only checked: its claims are reserved as they are made.
+                Attempt::Write(_) if !a.reserve => return (allow, "checked"),
                 // A dry run writes nothing: the answer is what a real request would get now.
-                Attempt::Write(_) if dry_run => return (allow, "reserved"),
+                Attempt::Write(_) if a.dry_run => return (allow, "reserved"),
                 Attempt::Write(next) => {
                     let written = write_ledger(&api, &name, current, &next).await;
                     match written {
@@ -661,7 +810,14 @@ impl Validator {
         if self.cache.pods_synced() {
             return Ok(self.cache.pods(namespace));
         }
-        cache::list_pods(client, namespace, &self.settings.policy, largest).await
+        cache::list_pods(
+            client,
+            namespace,
+            &self.settings.policy,
+            largest,
+            self.settings.dra,
+        )
+        .await
     }
 }
 

@@ -167,6 +167,81 @@ pub fn pod_usage(
     })
 }
 
+/// What a ResourceClaim of class `gpu.vgpu.io` holds (DRA mode, docs/dra.md "Quota"): per
+/// request, `count` GPUs x its `memory` and `cores` (no memory: the whole card, counted as the
+/// largest card until allocated; no cores: 100), the largest of a request's `firstAvailable`
+/// alternatives; once allocated, each share's `consumedCapacity`. `None` when it asks nothing of
+/// the class. Scope facts are a pod's; a claim has none of them.
+pub fn claim_usage(claim: &Value, largest_card_mib: u64) -> Option<PodUsage> {
+    use vgpu_core::dra::{CLASS, CORES, MEMORY};
+    let quantity = |q: &Value| {
+        q.as_str()
+            .and_then(|t| vgpu_core::quantity::parse_integer(t).ok())
+    };
+    let cores = |c: u64| if c == 0 { UNLIMITED_CORES_COUNT_AS } else { c };
+    let results: Vec<&Value> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["driver"] == CLASS)
+        .collect();
+    let slices: Vec<SliceCount> = if !results.is_empty() {
+        results
+            .iter()
+            .map(|r| SliceCount {
+                gpus: 1,
+                mib_per_gpu: quantity(&r["consumedCapacity"][MEMORY])
+                    .map_or(largest_card_mib, |b| b.div_ceil(1 << 20)),
+                cores_per_gpu: cores(quantity(&r["consumedCapacity"][CORES]).unwrap_or(0)),
+            })
+            .collect()
+    } else {
+        let mut out = Vec::new();
+        for r in claim["spec"]["devices"]["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let alternatives: Vec<&Value> = if r["exactly"].is_object() {
+                vec![&r["exactly"]]
+            } else {
+                r["firstAvailable"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            };
+            let largest = alternatives
+                .into_iter()
+                .filter(|a| a["deviceClassName"] == CLASS)
+                .map(|a| {
+                    let asked = &a["capacity"]["requests"];
+                    SliceCount {
+                        gpus: a["count"].as_u64().unwrap_or(1),
+                        mib_per_gpu: quantity(&asked[MEMORY])
+                            .map_or(largest_card_mib, |b| b.div_ceil(1 << 20)),
+                        cores_per_gpu: cores(quantity(&asked[CORES]).unwrap_or(0)),
+                    }
+                })
+                .max_by_key(|s| (s.gpus.saturating_mul(s.mib_per_gpu), s.gpus));
+            out.extend(largest);
+        }
+        out
+    };
+    (!slices.is_empty()).then(|| PodUsage {
+        slices,
+        facts: ScopeFacts::default(),
+    })
+}
+
+/// Whether a claim of class `gpu.vgpu.io` asks for every matching GPU (`allocationMode: All`),
+/// which no quota can count before allocation.
+pub fn asks_all_gpus(claim: &Value) -> bool {
+    vgpu_core::dra::requests("ResourceClaim", claim)
+        .iter()
+        .any(|(_, r)| r["allocationMode"] == "All")
+}
+
 /// The pod's scope facts.
 pub fn scope_facts(pod: &Value) -> ScopeFacts {
     let spec = pod.get("spec");
@@ -306,5 +381,44 @@ mod tests {
         assert!(is_terminal(&json!({"status": {"phase": "Succeeded"}})));
         assert!(is_terminal(&json!({"status": {"phase": "Failed"}})));
         assert!(!is_terminal(&json!({"status": {"phase": "Pending"}})));
+    }
+
+    #[test]
+    fn a_claim_counts_its_shares_or_what_it_was_allocated() {
+        let claim = json!({"spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gpu.vgpu.io", "count": 2,
+                "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}},
+            {"name": "b", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu.vgpu.io", "capacity": {"requests": {"memory": "40960Mi"}}},
+                {"name": "small", "deviceClassName": "gpu.vgpu.io", "capacity": {"requests": {"memory": "12Gi"}}}]},
+            {"name": "whole", "exactly": {"deviceClassName": "gpu.vgpu.io"}},
+            {"name": "other", "exactly": {"deviceClassName": "other.example.com", "count": 5}}]}}});
+        let u = claim_usage(&claim, 24576).unwrap();
+        assert_eq!(
+            u.amounts(),
+            Amounts {
+                gpus: 4,
+                mib: 2 * 4096 + 40960 + 24576,
+                cores: 2 * 30 + 100 + 100
+            }
+        );
+        let mut allocated = claim.clone();
+        allocated["status"] = json!({"allocation": {"devices": {"results": [
+            {"driver": "gpu.vgpu.io", "pool": "n", "device": "gpu-0", "request": "whole",
+             "consumedCapacity": {"memory": "16Gi", "cores": "0"}},
+            {"driver": "other.example.com", "pool": "n", "device": "x", "request": "other"}]}}});
+        assert_eq!(
+            claim_usage(&allocated, 24576).unwrap().amounts(),
+            Amounts {
+                gpus: 1,
+                mib: 16384,
+                cores: 100
+            }
+        );
+        let foreign = json!({"spec": {"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "other"}}]}}});
+        assert_eq!(claim_usage(&foreign, 0), None);
+        assert!(!asks_all_gpus(&claim));
+        let all = json!({"spec": {"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "gpu.vgpu.io", "allocationMode": "All"}}]}}});
+        assert!(asks_all_gpus(&all));
     }
 }
