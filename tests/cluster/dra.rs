@@ -2,8 +2,10 @@
 //! rendered with `dra.enabled=true` on), and pods ask with native ResourceClaims of DeviceClass
 //! `gpu.vgpu.io`: the slice is published, kube-scheduler allocates shares of the one GPU, the
 //! plugin prepares them through CDI, and the probe in the container sees its slice, capped by
-//! libvgpu.so. Then capacity runs out, deletes free it, and the plugin and the kubelet restart
-//! under running pods.
+//! libvgpu.so. A pod written for HAMi in the namespace (labelled `vgpu.io/mode: dra`) becomes a
+//! DRA pod, a dry run of one makes nothing, and one gpumem quota counts a device-plugin pod and
+//! claims together. Then capacity runs out, deletes free it, and the plugin and the kubelet
+//! restart under running pods.
 
 use crate::journey::http_get;
 use crate::kube::{Cluster, WAIT};
@@ -13,8 +15,10 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The DRA journey's namespace (not labelled for the webhook: DRA pods need no mutation).
+/// The DRA journey's namespace, labelled for the webhook in DRA mode.
 pub const NS_DRA: &str = "vgpu-tier-dra";
+/// A device-plugin-mode namespace with a gpumem quota, where claims are written directly.
+const NS_MIXED: &str = "vgpu-tier-mixed";
 const MIB: u64 = 1 << 20;
 /// Where containerd reads CDI specs and the plugin writes them (the chart's `dra.cdiDir`).
 const CDI_DIR: &str = "/var/run/cdi";
@@ -101,19 +105,24 @@ pub fn run(parts: &mut Parts<'_>) {
     let c = parts.cluster;
     let started = std::time::Instant::now();
     let helm = vgpu_tests::helm::helm().expect("helm");
-    let chart =
-        vgpu_tests::helm::Chart::render(&helm, "1.36.2", &["dra.enabled=true", "dra.gpuCdiKind="]);
+    // Generated templates unused for 5 s are swept, so the journey sees it happen.
+    let chart = vgpu_tests::helm::Chart::render(
+        &helm,
+        "1.36.2",
+        &["dra.enabled=true", "dra.gpuCdiKind=", "dra.templateIdle=5s"],
+    );
     parts.stop_device_plugin();
     c.apply(&chart.get("DeviceClass", "gpu.vgpu.io").to_string());
     c.apply(
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_DRA,
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted", "vgpu": "enabled",
+            "vgpu.io/mode": "dra"}}})
         .to_string(),
     );
     parts.switch_chart(chart);
-    if parts.webhook.is_none() {
-        parts.start_webhook();
-    }
+    // The webhook with the DRA chart's args (--dra).
+    parts.webhook = None;
+    parts.start_webhook();
     // vgpu-scheduler with the DRA chart's args: it explains claims that wait (--explain-claims).
     parts.scheduler = None;
     parts.start_scheduler();
@@ -232,6 +241,9 @@ pub fn run(parts: &mut Parts<'_>) {
         "{step}: {result_b}"
     );
     still_capped(c, "dra-b", 4096, step);
+
+    hami_pod(c);
+    one_quota(c);
 
     let step = "step 10d (DRA: capacity exhausted, then freed)";
     c.apply(&template("slice-20g", 20480, 10).to_string());
@@ -354,6 +366,131 @@ pub fn run(parts: &mut Parts<'_>) {
     c.delete(&["resourceslice", &slice_name]);
     c.delete(&["deviceclass", "gpu.vgpu.io"]);
     report(&format!("DRA journey passed in {:.0?}", started.elapsed()));
+}
+
+/// The names of the templates the webhook made in `ns`.
+fn generated_templates(c: &Cluster, ns: &str) -> Vec<String> {
+    c.json(&[
+        "get",
+        "resourceclaimtemplates",
+        "-n",
+        ns,
+        "-l",
+        "vgpu.io/generated=true",
+    ])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Step 10c': a pod written for HAMi becomes a DRA pod; its dry run makes nothing; its template
+/// goes once no pod uses it.
+fn hami_pod(c: &Cluster) {
+    let step = "step 10c' (DRA: a pod written for HAMi runs as a DRA pod, capped at what it asked)";
+    let limits =
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3072", "nvidia.com/gpucores": "20"});
+    let mut pod = crate::journey::probe_pod("hami-a", limits, &HOLD);
+    pod["metadata"]["namespace"] = json!(NS_DRA);
+    assert!(generated_templates(c, NS_DRA).is_empty(), "{step}");
+    c.kubectl_stdin(&pod.to_string(), &["create", "--dry-run=server", "-f", "-"])
+        .unwrap_or_else(|e| panic!("{step}: dry run: {e}"));
+    assert!(
+        generated_templates(c, NS_DRA).is_empty(),
+        "{step}: a dry run made a template"
+    );
+    c.create(&pod).unwrap_or_else(|e| panic!("{step}: {e}"));
+    let running = c.wait_running(NS_DRA, "hami-a", step);
+    let main = &running["spec"]["containers"][0];
+    assert_eq!(
+        main["resources"]["claims"],
+        json!([{"name": "vgpu-main"}]),
+        "{step}: {main}"
+    );
+    assert!(
+        !main["resources"].to_string().contains("nvidia.com/"),
+        "{step}: the extended resources stay: {main}"
+    );
+    let templates = generated_templates(c, NS_DRA);
+    assert_eq!(templates.len(), 1, "{step}: {templates:?}");
+    assert!(
+        templates[0].starts_with("vgpu-1x3072mi-20c-"),
+        "{step}: {templates:?}"
+    );
+    assert_eq!(
+        running["metadata"]["annotations"]["vgpu.io/dra-converted"],
+        format!("main=vgpu-main/{}", templates[0]),
+        "{step}"
+    );
+    let (_, uid, result) = claim_of(c, "hami-a", step);
+    assert_eq!(
+        result["consumedCapacity"],
+        json!({"memory": "3Gi", "cores": "20"}),
+        "{step}: {result}"
+    );
+    still_capped(c, "hami-a", 3072, step);
+    report(&format!(
+        "DRA: a pod asking nvidia.com/gpumem 3072 and gpucores 20 ran as a DRA pod from template {} and is capped at 3072 MiB",
+        templates[0]
+    ));
+    c.delete(&["pod", "hami-a", "-n", NS_DRA]);
+    vgpu_tests::wait_for(
+        WAIT,
+        &format!("{step}: the claim unprepared and the unused template swept"),
+        || (!cdi_spec(&uid).exists() && generated_templates(c, NS_DRA).is_empty()).then_some(()),
+    );
+}
+
+/// Step 10c'': one gpumem quota over a device-plugin pod and claims of class `gpu.vgpu.io`.
+fn one_quota(c: &Cluster) {
+    let step = "step 10c'' (DRA: one gpumem quota counts a device-plugin pod and claims together)";
+    c.apply(
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_MIXED,
+                "labels": {"pod-security.kubernetes.io/enforce": "restricted", "vgpu": "enabled"}}},
+            {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpumem", "namespace": NS_MIXED},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "8192"}}}]})
+        .to_string(),
+    );
+    // A device-plugin pod of 4096 MiB that stays pending (no node matches) but counts.
+    let mut dp = crate::journey::probe_pod(
+        "dp-held",
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}),
+        &HOLD,
+    );
+    dp["spec"]["nodeSelector"] = json!({"vgpu.io/tier": "nowhere"});
+    c.create_in(NS_MIXED, dp)
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    let claim = |name: &str, mib: u64| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS_MIXED},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.vgpu.io",
+                "capacity": {"requests": {"memory": format!("{mib}Mi")}}}}]}}})
+    };
+    c.create(&claim("own-3g", 3072))
+        .unwrap_or_else(|e| panic!("{step}: 4096 + 3072 of 8192: {e}"));
+    let want = format!("vgpu quota exceeded in namespace {NS_MIXED}: ResourceQuota gpumem limits.nvidia.com/gpumem: requested 2048 MiB (1 GPU x 2048), used 7168, hard 8192");
+    let err = c.create(&claim("own-2g", 2048)).expect_err(step);
+    assert!(err.contains(&want), "{step}: the claim: {err}");
+    let mut t = template("slice-2g", 2048, 10);
+    t["metadata"]["namespace"] = json!(NS_MIXED);
+    c.create(&t).unwrap_or_else(|e| panic!("{step}: {e}"));
+    let mut pod = dra_pod("dra-2g", "slice-2g", &HOLD);
+    pod["metadata"]["namespace"] = json!(NS_MIXED);
+    let err = c.create(&pod).expect_err(step);
+    assert!(err.contains(&want), "{step}: the DRA pod: {err}");
+    for object in ["own-2g", "dra-2g"] {
+        let note = vgpu_tests::wait_for(WAIT, &format!("{step}: {object}'s Event"), || {
+            c.events(NS_MIXED)
+                .into_iter()
+                .find(|(o, r, _)| o == object && r == "VGPUQuotaExceeded")
+                .map(|(_, _, m)| m)
+        });
+        assert_eq!(note, want, "{step}: {object}");
+    }
+    report(&format!("DRA: one quota over both modes: {want}"));
+    c.delete(&["namespace", NS_MIXED]);
 }
 
 /// How many times the kubelet has registered the running DRA plugin.

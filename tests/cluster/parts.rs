@@ -295,16 +295,16 @@ impl<'c> Parts<'c> {
 
     fn register_webhooks(&self, addr: SocketAddr) {
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
-        for (kind, name, path) in [
-            ("MutatingWebhookConfiguration", "vgpu-mutate", "/mutate"),
-            (
-                "ValidatingWebhookConfiguration",
-                "vgpu-validate",
-                "/validate",
-            ),
+        for (kind, name) in [
+            ("MutatingWebhookConfiguration", "vgpu-mutate"),
+            ("ValidatingWebhookConfiguration", "vgpu-validate"),
         ] {
             let mut doc = self.chart.get(kind, name).clone();
             for w in doc["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = w["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap_or("/")
+                    .to_string();
                 w["clientConfig"] = json!({"url": format!("https://{addr}{path}"), "caBundle": ca});
             }
             self.cluster.apply(&doc.to_string());
