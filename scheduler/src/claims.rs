@@ -1,4 +1,4 @@
-//! DRA mode's Pending reasons (`--explain-claims`, docs/dra.md). kube-scheduler allocates claims
+//! DRA mode's Pending reasons (`--dra`, docs/dra.md). kube-scheduler allocates claims
 //! of class `gpu.vgpu.io` itself and, when it cannot, says only "cannot allocate all claims". For
 //! each pod it has marked unschedulable whose claim of our class is not allocated, this says why
 //! in an Event on the pod (`VGPUClaimUnallocatable`, shown by `kubectl describe pod`) when it is the
@@ -18,6 +18,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
@@ -129,9 +130,65 @@ fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).unwrap_or_default()
 }
 
-/// A reflector store of `api`'s objects (filtered by `fields`), and a task that keeps it and
-/// wakes `changed` on every event.
-fn store<K>(api: Api<K>, fields: &str, changed: Arc<tokio::sync::Notify>) -> Store<K>
+/// The watches DRA mode reads: the driver's ResourceSlices, every ResourceClaim, the pods not
+/// yet on a node. Shared by the explainer and the node scores ([`crate::claim_score`]).
+#[derive(Clone)]
+pub struct Stores {
+    /// ResourceSlices of driver `gpu.vgpu.io`.
+    pub slices: Store<ResourceSlice>,
+    /// ResourceClaims.
+    pub claims: Store<ResourceClaim>,
+    /// Pods not yet on a node.
+    pub pods: Store<Pod>,
+    /// Woken on every event.
+    changed: Arc<tokio::sync::Notify>,
+    /// Bumped on every slice or claim event: what a model built from the stores is as of.
+    version: Arc<AtomicU64>,
+}
+
+impl Stores {
+    /// Starts the three watches.
+    pub fn start(client: &kube::Client) -> Stores {
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let version = Arc::new(AtomicU64::new(0));
+        Stores {
+            slices: store(
+                Api::<ResourceSlice>::all(client.clone()),
+                &format!("spec.driver={}", dra::CLASS),
+                changed.clone(),
+                Some(version.clone()),
+            ),
+            claims: store(
+                Api::<ResourceClaim>::all(client.clone()),
+                "",
+                changed.clone(),
+                Some(version.clone()),
+            ),
+            pods: store(
+                Api::<Pod>::all(client.clone()),
+                "spec.nodeName=",
+                changed.clone(),
+                None,
+            ),
+            changed,
+            version,
+        }
+    }
+
+    /// Bumped on every slice or claim event.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+}
+
+/// A reflector store of `api`'s objects (filtered by `fields`), and a task that keeps it, wakes
+/// `changed` and bumps `version` on every event.
+fn store<K>(
+    api: Api<K>,
+    fields: &str,
+    changed: Arc<tokio::sync::Notify>,
+    version: Option<Arc<AtomicU64>>,
+) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -148,7 +205,10 @@ where
         let mut stream = stream.boxed();
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
-                tracing::warn!(error = %e, "claims explainer watch; retrying");
+                tracing::warn!(error = %e, "DRA watch; retrying");
+            }
+            if let Some(v) = &version {
+                v.fetch_add(1, Ordering::AcqRel);
             }
             changed.notify_one();
         }
@@ -156,24 +216,15 @@ where
     reader
 }
 
-/// Runs until the process ends.
-pub async fn run(client: kube::Client, instance: String) {
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let slices = store(
-        Api::<ResourceSlice>::all(client.clone()),
-        &format!("spec.driver={}", dra::CLASS),
-        changed.clone(),
-    );
-    let claims = store(
-        Api::<ResourceClaim>::all(client.clone()),
-        "",
-        changed.clone(),
-    );
-    let pods = store(
-        Api::<Pod>::all(client.clone()),
-        "spec.nodeName=",
-        changed.clone(),
-    );
+/// Explains waiting claims until the process ends.
+pub async fn run(client: kube::Client, instance: String, stores: Stores) {
+    let Stores {
+        slices,
+        claims,
+        pods,
+        changed,
+        ..
+    } = stores;
     let recorder = Recorder::new(
         client,
         Reporter {

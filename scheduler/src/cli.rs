@@ -110,11 +110,12 @@ pub struct Cli {
         default_value = "nvidia.com/gpucores"
     )]
     pub resource_gpucores: String,
-    /// DRA mode: explain in an Event why a pod's claim of class gpu.vgpu.io cannot be allocated
-    /// when it is the GPUs' free capacity (docs/dra.md); needs read access to ResourceSlices and
-    /// ResourceClaims (the chart grants it with dra.enabled).
-    #[arg(long, env = "VGPU_SCHEDULER_EXPLAIN_CLAIMS")]
-    pub explain_claims: bool,
+    /// DRA mode (docs/dra.md): score the nodes for pods with claims of class gpu.vgpu.io
+    /// (`/dra/prioritize`), and explain in an Event why a pod's claim cannot be allocated when it
+    /// is the GPUs' free capacity; needs read access to ResourceSlices and ResourceClaims (the
+    /// chart grants it with dra.enabled).
+    #[arg(long, env = "VGPU_SCHEDULER_DRA")]
+    pub dra: bool,
     /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

@@ -6,6 +6,7 @@
 //! assignment annotations. A bind writes the pod's `vgpu.io/assignment` and then its Binding.
 
 pub mod cache;
+pub mod claim_score;
 pub mod claims;
 pub mod cli;
 mod dense;

@@ -45,9 +45,17 @@ async fn main() -> anyhow::Result<()> {
     let settings = cli.settings()?;
     let state = Arc::new(AppState::new(settings, Some(client.clone())));
     tokio::spawn(watch::nodes(client.clone(), state.clone()));
-    if cli.explain_claims {
+    if cli.dra {
+        let stores = vgpu_scheduler::claims::Stores::start(&client);
+        let _ = state
+            .dra
+            .set(vgpu_scheduler::claim_score::DraScorer::new(stores.clone()));
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| "vgpu-scheduler".into());
-        tokio::spawn(vgpu_scheduler::claims::run(client.clone(), instance));
+        tokio::spawn(vgpu_scheduler::claims::run(
+            client.clone(),
+            instance,
+            stores,
+        ));
     }
     tokio::spawn(watch::pods(client, state.clone()));
 

@@ -164,6 +164,8 @@ pub struct AppState {
     slot_hints: Mutex<Vec<Option<u32>>>,
     /// Standings of recent pods under the table policies ([`StandingMemo`]).
     standings: Mutex<StandingMemo>,
+    /// DRA mode's node scores (`--dra`), once its watches are started.
+    pub dra: std::sync::OnceLock<crate::claim_score::DraScorer>,
 }
 
 /// Now, in Unix seconds.
@@ -208,6 +210,7 @@ impl AppState {
             scores: Mutex::new(HashMap::new()),
             slot_hints: Mutex::new(Vec::new()),
             standings: Mutex::new(StandingMemo::default()),
+            dra: std::sync::OnceLock::new(),
         }
     }
 
@@ -817,6 +820,7 @@ pub fn extender_app(state: Arc<AppState>) -> Router {
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
+        .route("/dra/prioritize", post(crate::claim_score::prioritize))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

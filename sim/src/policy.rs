@@ -54,11 +54,15 @@ pub enum Policy {
     /// inside the node the structured allocator's first fit: the first GPU in slice order (device
     /// index) with room. Run with `--ties random`, as kube-scheduler breaks ties.
     DraDefault,
+    /// DRA mode with vgpu's extender scoring the nodes for claims (`ours-live`'s step), knowing
+    /// that the structured allocator takes the first GPU with room: the step is the one that GPU
+    /// gives, and that GPU is the one taken.
+    DraExtender,
 }
 
 impl Policy {
     /// All policies, in report order.
-    pub const ALL: [Policy; 10] = [
+    pub const ALL: [Policy; 11] = [
         Policy::Random,
         Policy::DotProd,
         Policy::BestFit,
@@ -69,6 +73,7 @@ impl Policy {
         Policy::FgdLive,
         Policy::OursLive,
         Policy::DraDefault,
+        Policy::DraExtender,
     ];
 
     /// Name on the command line and in reports.
@@ -84,6 +89,7 @@ impl Policy {
             Policy::FgdLive => "fgd-live",
             Policy::OursLive => "ours-live",
             Policy::DraDefault => "dra-default",
+            Policy::DraExtender => "dra-extender",
         }
     }
 
@@ -96,7 +102,11 @@ impl Policy {
             Policy::GpuPacking => Some("04-GpuPacking"),
             Policy::BestFit => Some("05-BestFit"),
             Policy::Fgd => Some("06-FGD"),
-            Policy::Ours | Policy::FgdLive | Policy::OursLive | Policy::DraDefault => None,
+            Policy::Ours
+            | Policy::FgdLive
+            | Policy::OursLive
+            | Policy::DraDefault
+            | Policy::DraExtender => None,
         }
     }
 
@@ -104,7 +114,7 @@ impl Policy {
     pub fn uses_fragmentation(self) -> bool {
         matches!(
             self,
-            Policy::Fgd | Policy::Ours | Policy::FgdLive | Policy::OursLive
+            Policy::Fgd | Policy::Ours | Policy::FgdLive | Policy::OursLive | Policy::DraExtender
         )
     }
 }
@@ -117,7 +127,7 @@ impl fmt::Display for Policy {
 
 /// An unknown policy name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, fgd-live, ours-live, dra-default, all)")]
+#[error("unknown policy `{0}` (known: random, dotprod, bestfit, gpu-packing, gpu-clustering, fgd, ours, fgd-live, ours-live, dra-default, dra-extender, all)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {
@@ -323,6 +333,7 @@ pub fn score(
         Policy::FgdLive => fgd_live(node, c, &trace.live),
         Policy::OursLive => ours_live(node, c, &trace.live, choose_node),
         Policy::DraDefault => (kube_default(node, c), first_fit(node, c)),
+        Policy::DraExtender => dra_extender(node, c, &trace.live, choose_node),
     })
 }
 
@@ -351,6 +362,38 @@ fn first_fit(node: &NodeState, c: &PodClass) -> GpuPick {
         .iter()
         .position(|&g| g >= c.shape.gpu_milli)
         .map_or(GpuPick::None, |i| GpuPick::Index(i as u8))
+}
+
+/// [`Policy::DraExtender`]: `ours-live`'s step for the GPU first fit takes.
+fn dra_extender(
+    node: &NodeState,
+    c: &PodClass,
+    live: &LiveFrag,
+    choose_node: bool,
+) -> (i64, GpuPick) {
+    let pick = first_fit(node, c);
+    let gpu = match pick {
+        GpuPick::Index(i) => Some(usize::from(i)),
+        _ if c.shape.is_share() => return (0, GpuPick::None),
+        _ => None,
+    };
+    let host_after = node.host_left().after(HostRequest {
+        cpu_milli: c.shape.cpu_milli,
+        mem_mib: c.memory_mib,
+    });
+    let (after, _) = node.after(c, gpu);
+    let step = live.gap_step(
+        node.frag,
+        node.gpus(),
+        &after[..node.ngpu],
+        Some(host_after),
+    );
+    let score = if choose_node {
+        step
+    } else {
+        i64::from(LiveFrag::gap_score_of_step(step))
+    };
+    (score, pick)
 }
 
 /// GpuPacking: case 1 (only partly used GPUs needed) in [50, 100], case 2 (needs fully free

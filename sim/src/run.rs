@@ -117,7 +117,9 @@ pub fn simulate_with(
     let frag_of = |st: &NodeState| match policy {
         Policy::Ours => trace.ours.measure(st.view(), st.mem_left),
         Policy::FgdLive => trace.live.fragmentation(st.gpus()),
-        Policy::OursLive => trace.live.gap_measure(st.gpus(), Some(st.host_left())),
+        Policy::OursLive | Policy::DraExtender => {
+            trace.live.gap_measure(st.gpus(), Some(st.host_left()))
+        }
         _ => table.fragmentation(st.view()),
     };
     let mut nodes: Vec<NodeState> = cluster

@@ -123,7 +123,7 @@ pub fn run(parts: &mut Parts<'_>) {
     // The webhook with the DRA chart's args (--dra).
     parts.webhook = None;
     parts.start_webhook();
-    // vgpu-scheduler with the DRA chart's args: it explains claims that wait (--explain-claims).
+    // vgpu-scheduler with the DRA chart's args: it explains claims that wait (--dra).
     parts.scheduler = None;
     parts.start_scheduler();
     parts.start_dra_plugin();
@@ -430,6 +430,9 @@ fn hami_pod(c: &Cluster) {
         "{step}: {result}"
     );
     still_capped(c, "hami-a", 3072, step);
+    // vgpu's profile places it (on one node kube-scheduler scores nothing; the two-node test
+    // sees the DRA extender's scores).
+    assert_eq!(running["spec"]["schedulerName"], "vgpu-scheduler", "{step}");
     report(&format!(
         "DRA: a pod asking nvidia.com/gpumem 3072 and gpucores 20 ran as a DRA pod from template {} and is capped at 3072 MiB",
         templates[0]

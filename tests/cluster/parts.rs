@@ -605,7 +605,15 @@ pub fn scheduler_config(chart: &Chart, kubeconfig: &Path, url_prefix: &str) -> V
             .expect("JSON");
     config["clientConnection"] = json!({"kubeconfig": kubeconfig});
     config["leaderElection"] = json!({"leaderElect": false});
-    config["extenders"][0]["urlPrefix"] = json!(url_prefix);
+    // Each extender keeps its path (DRA mode's is `/dra`) on the given host.
+    for e in config["extenders"].as_array_mut().into_iter().flatten() {
+        let path = e["urlPrefix"]
+            .as_str()
+            .and_then(|u| u.split("://").nth(1))
+            .and_then(|rest| rest.find('/').map(|i| rest[i..].to_string()))
+            .unwrap_or_default();
+        e["urlPrefix"] = json!(format!("{url_prefix}{path}"));
+    }
     config
 }
 

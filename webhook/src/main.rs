@@ -40,7 +40,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::new());
     let client = kube_client(settings.kubeconfig.as_deref()).await?;
-    let dra = DraMutator::new(settings.mutate.policy.clone(), client.clone());
+    let dra = DraMutator::new(
+        settings.mutate.policy.clone(),
+        settings.mutate.scheduler_name.clone(),
+        client.clone(),
+    );
     if let (Some(client), Some(idle)) = (&client, settings.dra_template_idle) {
         templates::spawn_sweeper(client.clone(), idle);
     }

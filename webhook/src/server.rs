@@ -44,7 +44,7 @@ impl AppState {
             ..ValidateSettings::default()
         };
         AppState {
-            dra: DraMutator::new(mutate.policy.clone(), None),
+            dra: DraMutator::new(mutate.policy.clone(), mutate.scheduler_name.clone(), None),
             mutate,
             validator: Validator::offline(settings, metrics.clone()),
             metrics,
@@ -58,7 +58,7 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> AppState {
         AppState {
-            dra: DraMutator::new(mutate.policy.clone(), None),
+            dra: DraMutator::new(mutate.policy.clone(), mutate.scheduler_name.clone(), None),
             mutate,
             validator,
             metrics,

@@ -88,11 +88,14 @@ pub fn needs_card_sizes(pod: &Value, policy: &RequestPolicy) -> bool {
 }
 
 /// Converts `pod`. `card_sizes`: the distinct `memory` capacities (bytes) of the published GPUs of
-/// class `gpu.vgpu.io`, needed only when [`needs_card_sizes`].
+/// class `gpu.vgpu.io`, needed only when [`needs_card_sizes`]. `scheduler`: vgpu's profile, set
+/// as the pod's scheduler (when it names none, or the default), so that vgpu scores the nodes for
+/// its claims (docs/dra.md "Placement").
 pub fn convert(
     pod: &Value,
     policy: &RequestPolicy,
     card_sizes: &[u64],
+    scheduler: &str,
 ) -> Result<Conversion, ConvertError> {
     let wanted = wanted(pod, policy)?;
     if wanted.is_empty() {
@@ -195,6 +198,16 @@ pub fn convert(
         _ => ops.push(add(
             pointer("/spec", "resourceClaims"),
             Value::Array(claims),
+        )),
+    }
+    match pod.pointer("/spec/schedulerName").and_then(Value::as_str) {
+        None | Some("") | Some("default-scheduler") => ops.push(add(
+            pointer("/spec", "schedulerName"),
+            Value::String(scheduler.to_string()),
+        )),
+        Some(s) if s == scheduler => {}
+        Some(other) => warnings.push(format!(
+            "pod names scheduler {other:?}, so vgpu does not score the nodes for its GPUs"
         )),
     }
     let note = Value::String(converted.join(","));
@@ -424,13 +437,14 @@ mod tests {
                 "requests": {"nvidia.com/gpu": "2", "cpu": "1"}},
                 "env": [{"name": "A", "value": "1"}, {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "99g"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "0"}]},
                 {"name": "side"}]}});
-        let c = convert(&pod, &RequestPolicy::default(), &[]).unwrap();
+        let c = convert(&pod, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap();
         let out = apply(&pod, &c);
         let main = &out["spec"]["containers"][0];
         assert_eq!(main["resources"]["limits"], json!({"cpu": "1"}));
         assert_eq!(main["resources"]["requests"], json!({"cpu": "1"}));
         assert_eq!(main["resources"]["claims"], json!([{"name": "vgpu-main"}]));
         assert_eq!(main["env"], json!([{"name": "A", "value": "1"}]));
+        assert_eq!(out["spec"]["schedulerName"], "vgpu-scheduler");
         assert_eq!(out["spec"]["containers"][1], json!({"name": "side"}));
         assert_eq!(
             out["spec"]["initContainers"][0]["resources"],
@@ -464,12 +478,12 @@ mod tests {
             )
         );
         // Converted, the pod asks no vGPU: a second call (reinvocation) changes nothing.
-        let again = convert(&out, &RequestPolicy::default(), &[]).unwrap();
+        let again = convert(&out, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap();
         assert!(again.patch.0.is_empty());
         // The same shape in another pod names the same template.
         let other = json!({"metadata": {"annotations": {"nvidia.com/use-gputype": "a10,H100"}},
             "spec": {"containers": [{"name": "x", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}}}]}});
-        let o = convert(&other, &RequestPolicy::default(), &[]).unwrap();
+        let o = convert(&other, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap();
         assert_eq!(o.templates[0]["metadata"]["name"], name);
     }
 
@@ -479,7 +493,7 @@ mod tests {
             "nvidia.com/nouse-gpuuuid": "GPU-C", "nvidia.com/nouse-gputype": "T4", "nvidia.com/numa-bind": "true",
             "hami.io/gpu-scheduler-policy": "spread"}},
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}});
-        let c = convert(&pod, &RequestPolicy::default(), &[]).unwrap();
+        let c = convert(&pod, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap();
         let t = &c.templates[0];
         assert!(t["metadata"]["name"]
             .as_str()
@@ -514,13 +528,14 @@ mod tests {
     fn a_percentage_becomes_one_alternative_per_gpu_size_or_a_refusal() {
         let pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem-percentage": "50"}}}]}});
         assert!(needs_card_sizes(&pod, &RequestPolicy::default()));
-        let e = convert(&pod, &RequestPolicy::default(), &[]).unwrap_err();
+        let e = convert(&pod, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap_err();
         assert_eq!(e.to_string(), "spec.containers[0].resources.limits[\"nvidia.com/gpumem-percentage\"]: 50 % of a GPU becomes one alternative per GPU size, and no GPU of class gpu.vgpu.io is published yet; write nvidia.com/gpumem in MiB");
         let gi = 1u64 << 30;
         let c = convert(
             &pod,
             &RequestPolicy::default(),
             &[24 * gi, 80 * gi, 24 * gi],
+            "vgpu-scheduler",
         )
         .unwrap();
         let alts = &c.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"];
@@ -540,11 +555,11 @@ mod tests {
     fn refusals_name_the_field() {
         let taken = json!({"spec": {"resourceClaims": [{"name": "vgpu-c", "resourceClaimName": "mine"}],
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
-        let e = convert(&taken, &RequestPolicy::default(), &[]).unwrap_err();
+        let e = convert(&taken, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap_err();
         assert_eq!(e.to_string(), "spec.resourceClaims: the pod already has a claim named \"vgpu-c\" (mine), the name vgpu gives container \"c\"'s GPUs");
         let bad = json!({"metadata": {"annotations": {"nvidia.com/numa-bind": "maybe"}},
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
-        let e = convert(&bad, &RequestPolicy::default(), &[]).unwrap_err();
+        let e = convert(&bad, &RequestPolicy::default(), &[], "vgpu-scheduler").unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("metadata.annotations[\"nvidia.com/numa-bind\"]: "),

@@ -17,6 +17,7 @@ use convert::ConvertError;
 #[derive(Clone)]
 pub struct DraMutator {
     policy: RequestPolicy,
+    scheduler: String,
     client: Option<kube::Client>,
 }
 
@@ -30,9 +31,17 @@ impl std::fmt::Debug for DraMutator {
 
 impl DraMutator {
     /// A mutator that makes templates through `client` (`None`: refuses vGPU pods, as it could
-    /// not make their templates).
-    pub fn new(policy: RequestPolicy, client: Option<kube::Client>) -> DraMutator {
-        DraMutator { policy, client }
+    /// not make their templates) and gives pods vgpu's scheduler profile `scheduler`.
+    pub fn new(
+        policy: RequestPolicy,
+        scheduler: impl Into<String>,
+        client: Option<kube::Client>,
+    ) -> DraMutator {
+        DraMutator {
+            policy,
+            scheduler: scheduler.into(),
+            client,
+        }
     }
 
     /// The decision for one review, with its one-word label.
@@ -56,7 +65,7 @@ impl DraMutator {
         } else {
             Vec::new()
         };
-        let c = match convert::convert(pod, &self.policy, &sizes) {
+        let c = match convert::convert(pod, &self.policy, &sizes, &self.scheduler) {
             Ok(c) if c.patch.0.is_empty() => return (allow, "no-vgpu"),
             Ok(c) => c,
             Err(e @ ConvertError::Shape(_)) => {

@@ -1,0 +1,440 @@
+//! DRA mode's node scores (`POST /dra/prioritize`, docs/dra.md "Placement"): kube-scheduler
+//! allocates claims of class `gpu.vgpu.io` itself, first fit in slice order, and its default
+//! scores see no device. The chart adds this as a second extender, interested in every pod of
+//! vgpu's scheduler profile: for a pod whose claims of our class are not allocated yet, each node
+//! is scored as the `gap-aware` policy scores a device-plugin pod (the step of the node's measure
+//! against the typical pods, 0..=10), with the GPUs the allocator will take there: for each
+//! request, the first GPUs in slice order with room. Measured first on the Alibaba trace
+//! (`vgpu-sim --policy dra-extender`): within 0.21 point of `ours-live` on all 24 pod lists, where
+//! kube-scheduler alone (`dra-default`) is 3.5 points below on the default list.
+//!
+//! Shapes: `resource.k8s.io/v1` `ResourceSlice.spec.devices[]` (`capacity.<name>.value`,
+//! `taints`), `ResourceClaim.spec.devices.requests[]` (`exactly` or `firstAvailable`: the first
+//! alternative is scored), `status.allocation.devices.results[].consumedCapacity`
+//! (k8s-openapi `v1_36`).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaim, ResourceSlice};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::claims::Stores;
+use crate::extender::{ExtenderArgs, HostPriority, HostPriorityList};
+use crate::server::AppState;
+use vgpu_core::dra::{CLASS, CORES, MEMORY, UNHEALTHY_TAINT};
+use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::quantity::parse_integer;
+
+/// Per mille: a GPU's free share and a share's size are counted in thousandths of the card.
+const MILLI: u64 = 1000;
+
+/// One GPU of a node, as the allocator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Pool and device name (what allocation results name).
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// `memory` capacity, bytes.
+    pub memory: u64,
+    /// `cores` capacity.
+    pub cores: u64,
+    /// Memory held by allocated claims, bytes.
+    pub memory_used: u64,
+    /// Cores held by allocated claims.
+    pub cores_used: u64,
+    /// Tainted unhealthy: the allocator takes nothing here.
+    pub unhealthy: bool,
+}
+
+impl Gpu {
+    /// Free share per mille: the smaller of free memory and free cores.
+    fn free_milli(&self) -> u32 {
+        if self.unhealthy || self.memory == 0 {
+            return 0;
+        }
+        let mem = self.memory.saturating_sub(self.memory_used) * MILLI / self.memory;
+        let cores = (self.cores.saturating_sub(self.cores_used) * MILLI)
+            .checked_div(self.cores)
+            .unwrap_or(MILLI);
+        mem.min(cores) as u32
+    }
+}
+
+/// The published GPUs by node, in slice order, with what allocated claims hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Model {
+    /// Node name -> GPUs.
+    pub nodes: HashMap<String, Vec<Gpu>>,
+}
+
+fn amount(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
+    q.and_then(|q| parse_integer(&q.0).ok())
+}
+
+impl Model {
+    /// From the driver's slices and every claim (allocated ones hold capacity).
+    pub fn new(slices: &[Arc<ResourceSlice>], claims: &[Arc<ResourceClaim>]) -> Model {
+        let mut sorted: Vec<&ResourceSlice> = slices
+            .iter()
+            .map(Arc::as_ref)
+            .filter(|s| s.spec.driver == CLASS)
+            .collect();
+        sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let mut nodes: HashMap<String, Vec<Gpu>> = HashMap::new();
+        let mut at: HashMap<(String, String), (String, usize)> = HashMap::new();
+        for s in sorted {
+            let Some(node) = s.spec.node_name.clone() else {
+                continue;
+            };
+            let gpus = nodes.entry(node.clone()).or_default();
+            for d in s.spec.devices.iter().flatten() {
+                let cap = |name: &str| {
+                    amount(
+                        d.capacity
+                            .as_ref()
+                            .and_then(|c| c.get(name))
+                            .map(|c| &c.value),
+                    )
+                    .unwrap_or(0)
+                };
+                at.insert(
+                    (s.spec.pool.name.clone(), d.name.clone()),
+                    (node.clone(), gpus.len()),
+                );
+                gpus.push(Gpu {
+                    pool: s.spec.pool.name.clone(),
+                    device: d.name.clone(),
+                    memory: cap(MEMORY),
+                    cores: cap(CORES),
+                    memory_used: 0,
+                    cores_used: 0,
+                    unhealthy: d.taints.iter().flatten().any(|t| t.key == UNHEALTHY_TAINT),
+                });
+            }
+        }
+        for c in claims {
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_deref())
+                .unwrap_or_default();
+            for r in results.iter().filter(|r| r.driver == CLASS) {
+                let Some((node, i)) = at.get(&(r.pool.clone(), r.device.clone())) else {
+                    continue;
+                };
+                let Some(g) = nodes.get_mut(node).and_then(|g| g.get_mut(*i)) else {
+                    continue;
+                };
+                let used = |name: &str| {
+                    amount(r.consumed_capacity.as_ref().and_then(|c| c.get(name))).unwrap_or(0)
+                };
+                g.memory_used = g.memory_used.saturating_add(used(MEMORY));
+                g.cores_used = g.cores_used.saturating_add(used(CORES));
+            }
+        }
+        Model { nodes }
+    }
+}
+
+/// The node scores over the DRA watches, with the model built at most once per change.
+pub struct DraScorer {
+    stores: Stores,
+    model: Mutex<Option<(u64, Arc<Model>)>>,
+}
+
+impl std::fmt::Debug for DraScorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraScorer").finish_non_exhaustive()
+    }
+}
+
+impl DraScorer {
+    /// A scorer over `stores`.
+    pub fn new(stores: Stores) -> DraScorer {
+        DraScorer {
+            stores,
+            model: Mutex::new(None),
+        }
+    }
+
+    /// The model as of the stores' current version.
+    fn model(&self) -> Arc<Model> {
+        let version = self.stores.version();
+        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, model)) = m.as_ref() {
+            if *v == version {
+                return model.clone();
+            }
+        }
+        let model = Arc::new(Model::new(
+            &self.stores.slices.state(),
+            &self.stores.claims.state(),
+        ));
+        *m = Some((version, model.clone()));
+        model
+    }
+
+    /// `(node, score)` for `pod` on `nodes`; all 0 when the pod has no pending share of our class.
+    pub fn scores(&self, pod: &Pod, nodes: &[&str], table: Option<&LiveFrag>) -> Vec<u32> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let claims = self.stores.claims.state();
+        let by_name: HashMap<&str, &ResourceClaim> = claims
+            .iter()
+            .filter(|c| c.metadata.namespace.as_deref() == Some(ns))
+            .filter_map(|c| Some((c.metadata.name.as_deref()?, c.as_ref())))
+            .collect();
+        let shares = pending_shares(pod, &by_name);
+        if shares.is_empty() {
+            return vec![0; nodes.len()];
+        }
+        let model = self.model();
+        nodes
+            .iter()
+            .map(|n| {
+                model
+                    .nodes
+                    .get(*n)
+                    .map_or(0, |gpus| score(gpus, &shares, table))
+            })
+            .collect()
+    }
+}
+
+/// `POST /dra/prioritize`: kube-scheduler's prioritize verb for DRA pods (every pod of vgpu's
+/// profile reaches it; pods without a pending claim of our class get 0 everywhere).
+pub async fn prioritize(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let args: ExtenderArgs = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            s.metrics
+                .call("dra-prioritize", "bad-request", started.elapsed());
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("body is not ExtenderArgs JSON: {e}"),
+            )
+                .into_response();
+        }
+    };
+    let names: Vec<&str> = match (&args.nodenames, &args.nodes) {
+        (Some(names), _) => names.iter().map(String::as_str).collect(),
+        (None, Some(list)) => list
+            .items
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str())
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    let scores = match (&args.pod, s.dra.get()) {
+        (Some(pod), Some(dra)) => {
+            let cluster = s.cluster.read().unwrap_or_else(|p| p.into_inner());
+            dra.scores(pod, &names, cluster.typical_pods())
+        }
+        _ => vec![0; names.len()],
+    };
+    let out: HostPriorityList = names
+        .iter()
+        .zip(scores)
+        .map(|(n, score)| HostPriority {
+            host: n.to_string(),
+            score: i64::from(score),
+        })
+        .collect();
+    s.metrics.call("dra-prioritize", "ok", started.elapsed());
+    axum::Json(out).into_response()
+}
+
+/// What one request of class `gpu.vgpu.io` asks: `count` shares of `memory` bytes (`None`: the
+/// whole card) and `cores`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// Shares, each on another GPU.
+    pub count: u64,
+    /// Memory per share, bytes; `None`: all of the card's.
+    pub memory: Option<u64>,
+    /// Cores per share.
+    pub cores: u64,
+}
+
+fn share(r: &DeviceRequest) -> Option<Share> {
+    let (class, count, requests) = match (&r.exactly, &r.first_available) {
+        (Some(e), _) => (
+            e.device_class_name.as_str(),
+            e.count,
+            e.capacity.as_ref().and_then(|c| c.requests.as_ref()),
+        ),
+        (None, Some(alternatives)) => {
+            let a = alternatives.first()?;
+            (
+                a.device_class_name.as_str(),
+                a.count,
+                a.capacity.as_ref().and_then(|c| c.requests.as_ref()),
+            )
+        }
+        (None, None) => return None,
+    };
+    (class == CLASS).then(|| Share {
+        count: count.unwrap_or(1).max(1) as u64,
+        memory: amount(requests.and_then(|r| r.get(MEMORY))),
+        cores: amount(requests.and_then(|r| r.get(CORES))).unwrap_or(0),
+    })
+}
+
+/// The shares of `pod`'s claims of class `gpu.vgpu.io` that are not allocated yet (`claims`:
+/// the namespace's claims by name). Empty: nothing to score.
+pub fn pending_shares(pod: &Pod, claims: &HashMap<&str, &ResourceClaim>) -> Vec<Share> {
+    let mut names: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.as_deref())
+        .collect();
+    names.extend(
+        pod.status
+            .iter()
+            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+            .filter_map(|c| c.resource_claim_name.as_deref()),
+    );
+    let mut out = Vec::new();
+    for name in names {
+        let Some(c) = claims.get(name) else { continue };
+        if c.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+            continue;
+        }
+        out.extend(
+            c.spec
+                .devices
+                .as_ref()
+                .and_then(|d| d.requests.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(share),
+        );
+    }
+    out
+}
+
+/// Where first fit puts `shares` on `gpus`: the GPUs' free per mille before and after; `None`
+/// when they do not fit.
+pub fn first_fit(gpus: &[Gpu], shares: &[Share]) -> Option<(Vec<u32>, Vec<u32>)> {
+    let before: Vec<u32> = gpus.iter().map(Gpu::free_milli).collect();
+    let mut state = gpus.to_vec();
+    for s in shares {
+        let mut taken = Vec::new();
+        for _ in 0..s.count {
+            let i = state.iter().enumerate().position(|(i, g)| {
+                let free_mem = g.memory.saturating_sub(g.memory_used);
+                let mem = s.memory.unwrap_or(g.memory);
+                !g.unhealthy
+                    && !taken.contains(&i)
+                    && free_mem >= mem
+                    && g.cores.saturating_sub(g.cores_used) >= s.cores
+            })?;
+            let g = &mut state[i];
+            g.memory_used += s.memory.unwrap_or(g.memory);
+            g.cores_used += s.cores;
+            taken.push(i);
+        }
+    }
+    Some((before, state.iter().map(Gpu::free_milli).collect()))
+}
+
+/// A node's score 0..=10 for `shares`: the `gap-aware` step with `table`; without one, the
+/// share of the node's GPUs in use after (most used first, a binpack). 0 when they do not fit.
+pub fn score(gpus: &[Gpu], shares: &[Share], table: Option<&LiveFrag>) -> u32 {
+    let Some((before, after)) = first_fit(gpus, shares) else {
+        return 0;
+    };
+    match table.filter(|t| !t.is_empty()) {
+        Some(t) => {
+            let step = t.gap_step(t.gap_measure(&before, None), &before, &after, None);
+            LiveFrag::gap_score_of_step(step)
+        }
+        None => {
+            let free: u64 = after.iter().map(|&m| u64::from(m)).sum();
+            let all = MILLI * after.len().max(1) as u64;
+            (10 * (all - free.min(all)) / all) as u32
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn slice(node: &str, gpus: usize) -> Arc<ResourceSlice> {
+        let devices: Vec<_> = (0..gpus)
+            .map(|i| json!({"name": format!("gpu-{i}"), "capacity": {"memory": {"value": "24Gi"}, "cores": {"value": "100"}}}))
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": format!("{node}-gpu.vgpu.io")},
+                "spec": {"driver": "gpu.vgpu.io", "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}))
+            .unwrap(),
+        )
+    }
+
+    fn claim(name: &str, memory: &str, on: Option<(&str, &str)>) -> Arc<ResourceClaim> {
+        let mut c = json!({"metadata": {"name": name, "namespace": "ml"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.vgpu.io",
+                "capacity": {"requests": {"memory": memory, "cores": "10"}}}}]}}});
+        if let Some((pool, device)) = on {
+            c["status"] = json!({"allocation": {"devices": {"results": [{"driver": "gpu.vgpu.io",
+                "pool": pool, "device": device, "request": "gpu",
+                "consumedCapacity": {"memory": memory, "cores": "10"}}]}}});
+        }
+        Arc::new(serde_json::from_value(c).unwrap())
+    }
+
+    #[test]
+    fn nodes_are_scored_with_the_gpus_first_fit_takes() {
+        let slices = [slice("a", 2), slice("b", 2)];
+        let claims = [
+            claim("held", "12Gi", Some(("b", "gpu-1"))),
+            claim("new", "8Gi", None),
+        ];
+        let model = Model::new(&slices, &claims);
+        assert_eq!(model.nodes["b"][1].memory_used, 12 << 30);
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "new"}, {"name": "x", "resourceClaimName": "held"}]}}))
+        .unwrap();
+        let by_name: HashMap<&str, &ResourceClaim> = claims
+            .iter()
+            .map(|c| (c.metadata.name.as_deref().unwrap(), c.as_ref()))
+            .collect();
+        let shares = pending_shares(&pod, &by_name);
+        assert_eq!(
+            shares,
+            [Share {
+                count: 1,
+                memory: Some(8 << 30),
+                cores: 10
+            }]
+        );
+        // First fit on b takes gpu-0 (free), not the half-used gpu-1.
+        let (before, after) = first_fit(&model.nodes["b"], &shares).unwrap();
+        assert_eq!(before, [1000, 500]);
+        assert_eq!(after, [666, 500]);
+        // Without a table: the busier node after the move scores higher (binpack).
+        assert!(score(&model.nodes["b"], &shares, None) > score(&model.nodes["a"], &shares, None));
+        // A share larger than any free GPU does not fit.
+        let big = [Share {
+            count: 3,
+            memory: None,
+            cores: 0,
+        }];
+        assert_eq!(first_fit(&model.nodes["a"], &big), None);
+        assert_eq!(score(&model.nodes["a"], &big, None), 0);
+    }
+}
