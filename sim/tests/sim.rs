@@ -126,7 +126,14 @@ fn share_pods_pair_up_to_full_gpus() {
         pod(1000, 1, 600),
         pod(1000, 1, 400),
     ];
-    for policy in [Policy::Fgd, Policy::Ours, Policy::FgdLive, Policy::OursLive] {
+    // DRA mode with vgpu's node scores pairs them too, though the GPU is first fit's.
+    for policy in [
+        Policy::Fgd,
+        Policy::Ours,
+        Policy::FgdLive,
+        Policy::OursLive,
+        Policy::DraExtender,
+    ] {
         for seed in 0..20 {
             let r = run(&nodes, &pods, policy, seed);
             assert_eq!(r.failed, 0, "{policy} seed {seed}");
@@ -476,7 +483,8 @@ fn cli_writes_csv_summary_json_and_svg() {
             "ours",
             "fgd-live",
             "ours-live",
-            "dra-default"
+            "dra-default",
+            "dra-extender"
         ]
     );
 
