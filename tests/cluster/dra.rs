@@ -18,13 +18,13 @@ use std::time::Duration;
 /// The DRA journey's namespace, labelled for the webhook in DRA mode.
 pub const NS_DRA: &str = "vgpu-tier-dra";
 /// A device-plugin-mode namespace with a gpumem quota, where claims are written directly.
-const NS_MIXED: &str = "vgpu-tier-mixed";
+pub const NS_MIXED: &str = "vgpu-tier-mixed";
 const MIB: u64 = 1 << 20;
 /// Where containerd reads CDI specs and the plugin writes them (the chart's `dra.cdiDir`).
 const CDI_DIR: &str = "/var/run/cdi";
 
 /// A claim template asking one share of `mib` MiB and `cores` percent.
-fn template(name: &str, mib: u64, cores: u32) -> Value {
+pub fn template(name: &str, mib: u64, cores: u32) -> Value {
     json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": NS_DRA},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
@@ -34,7 +34,7 @@ fn template(name: &str, mib: u64, cores: u32) -> Value {
 
 /// The tier's probe pod (restricted Pod Security) with one claim from `template` instead of
 /// extended resources, running `args`.
-fn dra_pod(name: &str, template: &str, args: &[&str]) -> Value {
+pub fn dra_pod(name: &str, template: &str, args: &[&str]) -> Value {
     let mut pod = crate::journey::probe_pod(name, json!({}), args);
     pod["metadata"]["namespace"] = json!(NS_DRA);
     pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
@@ -42,7 +42,7 @@ fn dra_pod(name: &str, template: &str, args: &[&str]) -> Value {
     pod
 }
 
-const HOLD: [&str; 5] = ["direct", "init", "ctx:0", "info", "hold:3600000"];
+pub const HOLD: [&str; 5] = ["direct", "init", "ctx:0", "info", "hold:3600000"];
 
 /// The generated claim of pod `name` and its allocation result.
 fn claim_of(c: &Cluster, name: &str, step: &str) -> (String, String, Value) {
@@ -69,16 +69,22 @@ fn cdi_spec(uid: &str) -> PathBuf {
     PathBuf::from(CDI_DIR).join(format!("gpu.vgpu.io-claim_{uid}.json"))
 }
 
-fn exec_probe(c: &Cluster, pod: &str, args: &[&str]) -> String {
-    let mut a = vec!["exec", pod, "-n", NS_DRA, "--", "/bin/probe", "direct"];
+fn exec_probe(c: &Cluster, ns: &str, pod: &str, args: &[&str]) -> String {
+    let mut a = vec!["exec", pod, "-n", ns, "--", "/bin/probe", "direct"];
     a.extend(args);
     c.kubectl(&a).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The probe run again inside `pod`: `mib` MiB is its slice, one MiB more is refused.
+/// The probe run again inside `pod` of `NS_DRA`: `mib` MiB is its slice, one MiB more is refused.
 fn still_capped(c: &Cluster, pod: &str, mib: u64, step: &str) {
+    capped_in(c, NS_DRA, pod, mib, step);
+}
+
+/// The probe run again inside `ns/pod`: `mib` MiB is its slice, one MiB more is refused.
+pub fn capped_in(c: &Cluster, ns: &str, pod: &str, mib: u64, step: &str) {
     let out = exec_probe(
         c,
+        ns,
         pod,
         &[
             "init",

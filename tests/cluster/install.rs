@@ -867,7 +867,13 @@ pub fn clean_slate(c: &Cluster) {
     // Pods with claims of gpu.vgpu.io first, while a DRA plugin may still unprepare them: once
     // the driver is gone, such a pod cannot finish terminating (the kubelet must unprepare its
     // claims), so one left without its plugin is force-deleted.
-    for ns in [crate::dra::NS_DRA, DRA_NS] {
+    for ns in [
+        crate::dra::NS_DRA,
+        crate::dra::NS_MIXED,
+        crate::two_nodes::NS_DP,
+        crate::two_nodes::NS_DRA,
+        DRA_NS,
+    ] {
         let _ = c.kubectl(&[
             "delete",
             "pods",
@@ -900,8 +906,27 @@ pub fn clean_slate(c: &Cluster) {
         TENANT,
         BURST,
         crate::dra::NS_DRA,
+        crate::dra::NS_MIXED,
+        crate::two_nodes::NS_DP,
+        crate::two_nodes::NS_DRA,
         "vgpu-installed-dra",
     ]);
+    // Quota ledgers of namespaces just deleted: a reservation for an object deleted before this
+    // run's webhook saw it would count in the namespace's next life until its TTL.
+    for ns in [
+        crate::dra::NS_MIXED,
+        crate::two_nodes::NS_DP,
+        crate::two_nodes::NS_DRA,
+    ] {
+        let _ = c.kubectl(&[
+            "delete",
+            "configmap",
+            "--ignore-not-found",
+            "-n",
+            vgpu_tests::helm::NAMESPACE,
+            &format!("vgpu-quota-{ns}"),
+        ]);
+    }
     c.kubectl(&["label", "node", &c.node, "vgpu.io/mode-"]).ok();
     c.delete(&["deviceclass", "gpu.vgpu.io"]);
     c.delete(&[

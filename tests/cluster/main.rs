@@ -18,6 +18,7 @@ mod journey;
 mod kube;
 mod parts;
 mod scale;
+mod two_nodes;
 
 use kube::Cluster;
 
@@ -67,6 +68,7 @@ fn real_cluster() {
         j.cleanup();
         scale::tier_step(j.parts);
         dra::run(j.parts);
+        two_nodes::run(j.parts, &work.path().join("probe.tar"));
     }
     install::run(&cluster, work.path());
     report(&format!("passed in {:.0?}", started.elapsed()));
@@ -88,6 +90,33 @@ fn dra_journey() {
     image::build_and_import(work.path());
     let mut parts = parts::Parts::prepare(&cluster);
     dra::run(&mut parts);
+}
+
+/// Both modes on two nodes alone (step 11 of `real_cluster`, after the DRA journey it follows):
+/// `VGPU_CLUSTER=$HOME/kube-local VGPU_CLUSTER_SCRIPTS=../shared/kube cargo test -p vgpu-tests
+/// --test cluster two_nodes_journey -- --ignored`.
+#[test]
+#[ignore = "a part of real_cluster; run with --ignored"]
+fn two_nodes_journey() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    install::clean_slate(&cluster);
+    let work = tempfile::Builder::new()
+        .prefix("vgpu-cluster-")
+        .tempdir()
+        .expect("tempdir");
+    image::build_and_import(work.path());
+    let mut parts = parts::Parts::prepare(&cluster);
+    let helm = vgpu_tests::helm::helm().expect("helm");
+    parts.switch_chart(vgpu_tests::helm::Chart::render(
+        &helm,
+        "1.36.2",
+        &["dra.enabled=true", "dra.gpuCdiKind="],
+    ));
+    parts.start_webhook();
+    parts.start_scheduler();
+    two_nodes::run(&mut parts, &work.path().join("probe.tar"));
 }
 
 /// The scale benchmark (docs/BENCHMARKS.md, "Scale through the real kube-scheduler"): run on

@@ -380,6 +380,12 @@ impl<'c> Parts<'c> {
     /// Runs the DaemonSet's init step (`--install-lib`) into `host_dir` and writes the fake
     /// NVML's configuration (the node's one GPU); its path.
     fn node_agent_setup(&self, host_dir: &Path) -> PathBuf {
+        self.node_agent_setup_for(host_dir, GPU_UUID, "")
+    }
+
+    /// [`Self::node_agent_setup`] for a node whose one GPU is `uuid`, its NVML files named with
+    /// `suffix`.
+    fn node_agent_setup_for(&self, host_dir: &Path, uuid: &str, suffix: &str) -> PathBuf {
         let bin = vgpu_tests::binary("vgpu-device-plugin");
         let out = Command::new(&bin)
             .arg(format!("--install-lib={}", host_dir.display()))
@@ -390,12 +396,12 @@ impl<'c> Parts<'c> {
             .output()
             .expect("run --install-lib");
         assert!(out.status.success(), "device plugin --install-lib: {out:?}");
-        let nvml = self.tmp.path().join("nvml.json");
-        let events = self.nvml_events();
+        let nvml = self.tmp.path().join(format!("nvml{suffix}.json"));
+        let events = self.tmp.path().join(format!("nvml-events{suffix}.txt"));
         std::fs::write(&events, "").expect("write the NVML events file");
         std::fs::write(
             &nvml,
-            json!({"gpus": [{"uuid": GPU_UUID, "name": GPU_MODEL, "memoryMib": GPU_MIB}],
+            json!({"gpus": [{"uuid": uuid, "name": GPU_MODEL, "memoryMib": GPU_MIB}],
                 "eventsFile": events})
             .to_string(),
         )
@@ -467,9 +473,26 @@ impl<'c> Parts<'c> {
     /// Starts the node agent in DRA mode with the chart's args (a chart rendered with
     /// `dra.enabled=true`, see [`Self::switch_chart`]); waits until the kubelet has registered it.
     pub fn start_dra_plugin(&mut self) {
+        let plugin = self.launch_dra_plugin(&self.cluster.node, GPU_UUID, None);
+        self.dra = Some(plugin);
+    }
+
+    /// The DRA plugin for the kube-local second node (`<node>-2`), run in its mount namespace
+    /// (`mount_ns`: its kubelet's plugin directories and CDI directory at the standard paths),
+    /// its one GPU `uuid`; registered with that node's kubelet.
+    pub fn dra_plugin_on(&self, node: &str, uuid: &str, mount_ns: &Path) -> DevicePlugin {
+        self.launch_dra_plugin(node, uuid, Some(mount_ns))
+    }
+
+    fn launch_dra_plugin(&self, node: &str, uuid: &str, mount_ns: Option<&Path>) -> DevicePlugin {
         let chart = &self.chart;
-        let host_dir = self.tmp.path().join("host-vgpu-dra");
-        let nvml = self.node_agent_setup(&host_dir);
+        let suffix = if mount_ns.is_some() {
+            format!("-{node}")
+        } else {
+            String::new()
+        };
+        let host_dir = self.tmp.path().join(format!("host-vgpu-dra{suffix}"));
+        let nvml = self.node_agent_setup_for(&host_dir, uuid, &suffix);
         let kubeconfig = self.kubeconfig_for("vgpu-device-plugin");
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut cmd = without(
@@ -480,20 +503,33 @@ impl<'c> Parts<'c> {
             format!("--host-dir={}", host_dir.display()),
             format!("--metrics-listen={metrics}"),
             format!("--nvml-lib={}", vgpu_tests::cdylib("fake_nvml").display()),
-            format!("--node-name={}", self.cluster.node),
+            format!("--node-name={node}"),
         ]);
         let envs = vec![
             ("KUBECONFIG".to_string(), kubeconfig),
             ("FAKE_NVML_CONFIG".to_string(), nvml),
         ];
-        let mut proc = launch_plugin(&cmd, &envs);
+        let mut proc = match mount_ns {
+            None => launch_plugin(&cmd, &envs),
+            Some(ns) => {
+                let mut all = vec![
+                    format!("--mount={}", ns.display()),
+                    "--".to_string(),
+                    vgpu_tests::binary("vgpu-device-plugin")
+                        .display()
+                        .to_string(),
+                ];
+                all.extend(cmd.iter().cloned());
+                launch_in("nsenter", &all, &envs)
+            }
+        };
         proc.wait_for_line(START, |l| l.contains("registered with the kubelet"));
-        self.dra = Some(DevicePlugin {
+        DevicePlugin {
             proc,
             metrics,
             cmd,
             envs,
-        });
+        }
     }
 
     /// Kills the DRA plugin (SIGKILL) and starts it again with the same flags; returns how long
@@ -581,7 +617,16 @@ fn launch_extender(args: &[String]) -> (Running, SocketAddr, SocketAddr) {
 }
 
 fn launch_plugin(args: &[String], envs: &[(String, PathBuf)]) -> Running {
-    let mut cmd = Command::new(vgpu_tests::binary("vgpu-device-plugin"));
+    launch_in(vgpu_tests::binary("vgpu-device-plugin"), args, envs)
+}
+
+/// `program` with `args` as the node agent runs (no in-cluster environment, info logs).
+fn launch_in(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[String],
+    envs: &[(String, PathBuf)],
+) -> Running {
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .env_remove("NODE_NAME")
         .env_remove("KUBERNETES_SERVICE_HOST")
