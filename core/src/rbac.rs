@@ -108,7 +108,7 @@ pub const WEBHOOK: Component = Component {
         ApiAccess::dra(
             "resource.k8s.io",
             "resourceslices",
-            &["list"],
+            &["list", "watch"],
             "DRA mode: the published GPUs, to refuse a claim no GPU can serve",
         ),
         ApiAccess::dra(

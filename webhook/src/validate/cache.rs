@@ -51,12 +51,15 @@ pub struct ClusterCache {
     /// DRA mode's claims of class `gpu.vgpu.io`, as what they hold (`name` is
     /// `resourceclaim/<name>`, which no pod name can be).
     claims: RwLock<ByNamespace<CachedPod>>,
+    /// DRA mode's published GPUs, by ResourceSlice name.
+    slices: RwLock<HashMap<String, Vec<vgpu_core::dra::Card>>>,
     /// Largest card per node, MiB.
     cards: RwLock<HashMap<String, u64>>,
     quotas_synced: AtomicBool,
     pods_synced: AtomicBool,
     nodes_synced: AtomicBool,
     claims_synced: AtomicBool,
+    slices_synced: AtomicBool,
     /// Whether claims are watched (DRA mode).
     dra: AtomicBool,
     /// Per cache, since when it has been unsynced after having been complete, and the last error.
@@ -109,6 +112,7 @@ impl ClusterCache {
         ];
         if self.dra.load(Ordering::Acquire) {
             caches.push(("resourceclaims", &self.claims_synced));
+            caches.push(("resourceslices", &self.slices_synced));
         }
         caches
             .into_iter()
@@ -281,6 +285,14 @@ impl ClusterCache {
         self.pods_synced.store(true, Ordering::Release);
     }
 
+    /// The GPUs of class `gpu.vgpu.io` the ResourceSlices publish; `None` until the slice watch
+    /// holds a complete LIST (DRA mode only).
+    pub fn published_cards(&self) -> Option<Vec<vgpu_core::dra::Card>> {
+        self.slices_synced
+            .load(Ordering::Acquire)
+            .then(|| read(&self.slices).values().flatten().cloned().collect())
+    }
+
     /// Remembers the largest GPU the DRA plugins publish (MiB), beside the node inventory's.
     pub fn note_largest_published_card(&self, mib: u64) {
         write(&self.cards).insert(" ResourceSlices".to_string(), mib);
@@ -398,6 +410,38 @@ pub fn spawn_watchers(
 ) {
     if dra {
         cache.dra.store(true, Ordering::Release);
+        let slices: Api<DynamicObject> = Api::all_with(client.clone(), &slices_resource());
+        let c = cache.clone();
+        tokio::spawn(run_watcher(
+            slices,
+            watcher::Config::default().fields(&format!("spec.driver={}", vgpu_core::dra::CLASS)),
+            "resourceslices",
+            move |change| {
+                let cards = |v: &Value| vgpu_core::dra::cards(std::slice::from_ref(v));
+                let mut map = write(&c.slices);
+                match change {
+                    Change::Replace(all) => {
+                        *map = all
+                            .iter()
+                            .map(|((_, name), v)| (name.clone(), cards(v)))
+                            .collect();
+                    }
+                    Change::Apply((_, name), v) => {
+                        map.insert(name.clone(), cards(v));
+                    }
+                    Change::Delete((_, name)) => {
+                        map.remove(name);
+                    }
+                }
+                let largest = map.values().flatten().map(|c| c.memory.div_ceil(1 << 20)).max();
+                drop(map);
+                if let Some(mib) = largest {
+                    c.note_largest_published_card(mib);
+                }
+            },
+            cache.clone(),
+            |c, v| c.slices_synced.store(v, Ordering::Release),
+        ));
         let claims: Api<DynamicObject> = Api::all_with(client.clone(), &claims_resource());
         let c = cache.clone();
         tokio::spawn(run_watcher(
@@ -511,6 +555,17 @@ fn note_uids(cache: &ClusterCache, change: Change<'_>) {
         Change::Replace(all) => cache.note_seen(all.iter().filter_map(|(_, v)| uid(v))),
         Change::Apply(_, v) => cache.note_seen(uid(v)),
         Change::Delete(_) => {}
+    }
+}
+
+/// `resource.k8s.io/v1` ResourceSlices.
+fn slices_resource() -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "resource.k8s.io/v1".into(),
+        kind: "ResourceSlice".into(),
+        plural: "resourceslices".into(),
     }
 }
 
@@ -671,7 +726,8 @@ async fn watch_until_failure(
 
 /// Keeps only what a decision reads, so 20 000 pods (and the initial LIST's buffer) stay small:
 /// name, namespace, uid and vgpu's own annotations; the quota's `hard` and scopes; the containers'
-/// names and resources and the two scope fields of a pod spec; the phase.
+/// names and resources and the two scope fields of a pod spec; the phase; a claim's requests and
+/// allocation; a ResourceSlice's driver, node, pool and devices.
 fn slim(v: Value) -> Value {
     let mut out = serde_json::Map::new();
     if let Some(m) = v.get("metadata").and_then(Value::as_object) {
@@ -703,6 +759,14 @@ fn slim(v: Value) -> Value {
         ] {
             if let Some(x) = spec.get(k) {
                 keep.insert(k.into(), x.clone());
+            }
+        }
+        // A ResourceSlice: where its GPUs are.
+        if spec.contains_key("driver") {
+            for k in ["driver", "nodeName", "pool"] {
+                if let Some(x) = spec.get(k) {
+                    keep.insert(k.into(), x.clone());
+                }
             }
         }
         for k in ["containers", "initContainers"] {
@@ -830,5 +894,10 @@ mod tests {
         );
         let quota = json!({"metadata": {"name": "q"}, "spec": {"hard": {"nvidia.com/gpu": "1"}, "scopes": ["BestEffort"]}});
         assert_eq!(slim(quota.clone()), quota);
+        let slice = json!({"metadata": {"name": "vm-gpu.vgpu.io"}, "spec": {"driver": "gpu.vgpu.io",
+            "nodeName": "vm", "pool": {"name": "vm", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "24Gi"}}}]}});
+        assert_eq!(slim(slice.clone()), slice);
+        assert_eq!(vgpu_core::dra::cards(&[slim(slice)])[0].node, "vm");
     }
 }

@@ -280,9 +280,11 @@ impl Validator {
         if !claim::asks_for_us(kind, object) {
             return (allow, "no-vgpu");
         }
-        let cards = match &self.client {
-            None => None,
-            Some(client) => {
+        let cards = match (&self.client, self.cache.published_cards()) {
+            (None, _) => None,
+            // DRA mode: the slice watch's GPUs (a LIST of every slice per claim does not scale).
+            (Some(_), Some(cards)) => Some(cards),
+            (Some(client), None) => {
                 let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
                     Api::all(client.clone());
                 let lp = kube::api::ListParams::default()
