@@ -66,12 +66,18 @@ impl Gpu {
     }
 }
 
-/// The published GPUs by node, in slice order, with what allocated claims hold.
+/// The published GPUs by node, in slice order (with `Model::new`, what allocated claims hold).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Model {
     /// Node name -> GPUs.
     pub nodes: HashMap<String, Vec<Gpu>>,
+    /// `(pool, device)` -> (node, index in its GPUs).
+    index: HashMap<(String, String), (String, usize)>,
 }
+
+/// What allocated claims hold, per node and GPU index: (memory bytes, cores).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage(HashMap<String, Vec<(u64, u64)>>);
 
 fn amount(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
     q.and_then(|q| parse_integer(&q.0).ok())
@@ -80,6 +86,21 @@ fn amount(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -
 impl Model {
     /// From the driver's slices and every claim (allocated ones hold capacity).
     pub fn new(slices: &[Arc<ResourceSlice>], claims: &[Arc<ResourceClaim>]) -> Model {
+        let mut m = Model::from_slices(slices);
+        let usage = m.usage(claims);
+        for (node, gpus) in &mut m.nodes {
+            for (i, g) in gpus.iter_mut().enumerate() {
+                if let Some((mem, cores)) = usage.0.get(node).and_then(|u| u.get(i)) {
+                    g.memory_used = *mem;
+                    g.cores_used = *cores;
+                }
+            }
+        }
+        m
+    }
+
+    /// The GPUs of the driver's slices, nothing held.
+    pub fn from_slices(slices: &[Arc<ResourceSlice>]) -> Model {
         let mut sorted: Vec<&ResourceSlice> = slices
             .iter()
             .map(Arc::as_ref)
@@ -87,7 +108,7 @@ impl Model {
             .collect();
         sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let mut nodes: HashMap<String, Vec<Gpu>> = HashMap::new();
-        let mut at: HashMap<(String, String), (String, usize)> = HashMap::new();
+        let mut index: HashMap<(String, String), (String, usize)> = HashMap::new();
         for s in sorted {
             let Some(node) = s.spec.node_name.clone() else {
                 continue;
@@ -103,7 +124,7 @@ impl Model {
                     )
                     .unwrap_or(0)
                 };
-                at.insert(
+                index.insert(
                     (s.spec.pool.name.clone(), d.name.clone()),
                     (node.clone(), gpus.len()),
                 );
@@ -118,6 +139,12 @@ impl Model {
                 });
             }
         }
+        Model { nodes, index }
+    }
+
+    /// What the allocated ones among `claims` hold of these GPUs.
+    pub fn usage(&self, claims: &[Arc<ResourceClaim>]) -> Usage {
+        let mut out: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
         for c in claims {
             let results = c
                 .status
@@ -127,27 +154,42 @@ impl Model {
                 .and_then(|d| d.results.as_deref())
                 .unwrap_or_default();
             for r in results.iter().filter(|r| r.driver == CLASS) {
-                let Some((node, i)) = at.get(&(r.pool.clone(), r.device.clone())) else {
+                let Some((node, i)) = self.index.get(&(r.pool.clone(), r.device.clone())) else {
                     continue;
                 };
-                let Some(g) = nodes.get_mut(node).and_then(|g| g.get_mut(*i)) else {
-                    continue;
-                };
-                let used = |name: &str| {
+                let held = |name: &str| {
                     amount(r.consumed_capacity.as_ref().and_then(|c| c.get(name))).unwrap_or(0)
                 };
-                g.memory_used = g.memory_used.saturating_add(used(MEMORY));
-                g.cores_used = g.cores_used.saturating_add(used(CORES));
+                let n = self.nodes.get(node).map_or(0, Vec::len);
+                let slots = out.entry(node.clone()).or_insert_with(|| vec![(0, 0); n]);
+                if let Some(slot) = slots.get_mut(*i) {
+                    slot.0 = slot.0.saturating_add(held(MEMORY));
+                    slot.1 = slot.1.saturating_add(held(CORES));
+                }
             }
         }
-        Model { nodes }
+        Usage(out)
+    }
+
+    /// `node`'s GPUs with what `usage` says they hold.
+    pub fn gpus(&self, node: &str, usage: &Usage) -> Option<Vec<Gpu>> {
+        let mut gpus = self.nodes.get(node)?.clone();
+        if let Some(held) = usage.0.get(node) {
+            for (g, (mem, cores)) in gpus.iter_mut().zip(held) {
+                g.memory_used = *mem;
+                g.cores_used = *cores;
+            }
+        }
+        Some(gpus)
     }
 }
 
-/// The node scores over the DRA watches, with the model built at most once per change.
+/// The node scores over the DRA watches: the GPUs rebuilt only when a slice changes, what claims
+/// hold only when a claim does.
 pub struct DraScorer {
     stores: Stores,
     model: Mutex<Option<(u64, Arc<Model>)>>,
+    usage: Mutex<Option<((u64, u64), Arc<Usage>)>>,
 }
 
 impl std::fmt::Debug for DraScorer {
@@ -162,47 +204,53 @@ impl DraScorer {
         DraScorer {
             stores,
             model: Mutex::new(None),
+            usage: Mutex::new(None),
         }
     }
 
-    /// The model as of the stores' current version.
-    fn model(&self) -> Arc<Model> {
-        let version = self.stores.version();
-        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((v, model)) = m.as_ref() {
-            if *v == version {
-                return model.clone();
+    /// The GPUs and what they hold, as of the stores' current versions.
+    fn model(&self) -> (Arc<Model>, Arc<Usage>) {
+        let (slices_v, claims_v) = self.stores.versions();
+        let model = {
+            let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+            match m.as_ref() {
+                Some((v, model)) if *v == slices_v => model.clone(),
+                _ => {
+                    let model = Arc::new(Model::from_slices(&self.stores.slices.state()));
+                    *m = Some((slices_v, model.clone()));
+                    model
+                }
             }
-        }
-        let model = Arc::new(Model::new(
-            &self.stores.slices.state(),
-            &self.stores.claims.state(),
-        ));
-        *m = Some((version, model.clone()));
-        model
+        };
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let usage = match u.as_ref() {
+            Some((v, usage)) if *v == (slices_v, claims_v) => usage.clone(),
+            _ => {
+                let usage = Arc::new(model.usage(&self.stores.claims.state()));
+                *u = Some(((slices_v, claims_v), usage.clone()));
+                usage
+            }
+        };
+        (model, usage)
     }
 
     /// `(node, score)` for `pod` on `nodes`; all 0 when the pod has no pending share of our class.
     pub fn scores(&self, pod: &Pod, nodes: &[&str], table: Option<&LiveFrag>) -> Vec<u32> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let claims = self.stores.claims.state();
-        let by_name: HashMap<&str, &ResourceClaim> = claims
-            .iter()
-            .filter(|c| c.metadata.namespace.as_deref() == Some(ns))
-            .filter_map(|c| Some((c.metadata.name.as_deref()?, c.as_ref())))
-            .collect();
-        let shares = pending_shares(pod, &by_name);
+        let claims = &self.stores.claims;
+        let shares = pending_shares(pod, |name| {
+            claims.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+        });
         if shares.is_empty() {
             return vec![0; nodes.len()];
         }
-        let model = self.model();
+        let (model, usage) = self.model();
         nodes
             .iter()
             .map(|n| {
                 model
-                    .nodes
-                    .get(*n)
-                    .map_or(0, |gpus| score(gpus, &shares, table))
+                    .gpus(n, &usage)
+                    .map_or(0, |gpus| score(&gpus, &shares, table))
             })
             .collect()
     }
@@ -288,9 +336,9 @@ fn share(r: &DeviceRequest) -> Option<Share> {
     })
 }
 
-/// The shares of `pod`'s claims of class `gpu.vgpu.io` that are not allocated yet (`claims`:
-/// the namespace's claims by name). Empty: nothing to score.
-pub fn pending_shares(pod: &Pod, claims: &HashMap<&str, &ResourceClaim>) -> Vec<Share> {
+/// The shares of `pod`'s claims of class `gpu.vgpu.io` that are not allocated yet (`claim`: the
+/// pod's namespace's claim by name). Empty: nothing to score.
+pub fn pending_shares(pod: &Pod, claim: impl Fn(&str) -> Option<Arc<ResourceClaim>>) -> Vec<Share> {
     let mut names: Vec<&str> = pod
         .spec
         .iter()
@@ -305,7 +353,7 @@ pub fn pending_shares(pod: &Pod, claims: &HashMap<&str, &ResourceClaim>) -> Vec<
     );
     let mut out = Vec::new();
     for name in names {
-        let Some(c) = claims.get(name) else { continue };
+        let Some(c) = claim(name) else { continue };
         if c.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
             continue;
         }
@@ -405,15 +453,22 @@ mod tests {
         ];
         let model = Model::new(&slices, &claims);
         assert_eq!(model.nodes["b"][1].memory_used, 12 << 30);
+        // The same, in two steps, as the scorer keeps it.
+        let base = Model::from_slices(&slices);
+        let usage = base.usage(&claims);
+        assert_eq!(base.gpus("b", &usage).unwrap(), model.nodes["b"]);
+        assert_eq!(base.gpus("a", &usage).unwrap(), model.nodes["a"]);
+        assert_eq!(base.gpus("c", &usage), None);
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml"},
             "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
             "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "new"}, {"name": "x", "resourceClaimName": "held"}]}}))
         .unwrap();
-        let by_name: HashMap<&str, &ResourceClaim> = claims
-            .iter()
-            .map(|c| (c.metadata.name.as_deref().unwrap(), c.as_ref()))
-            .collect();
-        let shares = pending_shares(&pod, &by_name);
+        let shares = pending_shares(&pod, |name| {
+            claims
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name))
+                .cloned()
+        });
         assert_eq!(
             shares,
             [Share {

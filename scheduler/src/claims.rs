@@ -142,27 +142,30 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// Woken on every event.
     changed: Arc<tokio::sync::Notify>,
-    /// Bumped on every slice or claim event: what a model built from the stores is as of.
-    version: Arc<AtomicU64>,
+    /// Bumped on every slice event, and on every claim event: what a model built from the
+    /// stores is as of.
+    slices_version: Arc<AtomicU64>,
+    claims_version: Arc<AtomicU64>,
 }
 
 impl Stores {
     /// Starts the three watches.
     pub fn start(client: &kube::Client) -> Stores {
         let changed = Arc::new(tokio::sync::Notify::new());
-        let version = Arc::new(AtomicU64::new(0));
+        let slices_version = Arc::new(AtomicU64::new(0));
+        let claims_version = Arc::new(AtomicU64::new(0));
         Stores {
             slices: store(
                 Api::<ResourceSlice>::all(client.clone()),
                 &format!("spec.driver={}", dra::CLASS),
                 changed.clone(),
-                Some(version.clone()),
+                Some(slices_version.clone()),
             ),
             claims: store(
                 Api::<ResourceClaim>::all(client.clone()),
                 "",
                 changed.clone(),
-                Some(version.clone()),
+                Some(claims_version.clone()),
             ),
             pods: store(
                 Api::<Pod>::all(client.clone()),
@@ -171,13 +174,17 @@ impl Stores {
                 None,
             ),
             changed,
-            version,
+            slices_version,
+            claims_version,
         }
     }
 
-    /// Bumped on every slice or claim event.
-    pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+    /// (slices, claims): each bumped on every event of its watch.
+    pub fn versions(&self) -> (u64, u64) {
+        (
+            self.slices_version.load(Ordering::Acquire),
+            self.claims_version.load(Ordering::Acquire),
+        )
     }
 }
 

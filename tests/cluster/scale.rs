@@ -23,11 +23,23 @@
 //! client settings, without the extender. All are created first plain, then vGPU, each phase as
 //! fast as the API server takes them, and timed from the create request to the Binding seen on a
 //! watch.
+//!
+//! DRA pods (`dra_pods` > 0) come last, in two phases: pods whose claim of class `gpu.vgpu.io`
+//! Kubernetes' claim controller makes from a template (one per trace shape: `memory` m/10 % of the
+//! card and `cores` m/10, or k whole cards), then as many whose claims the run wrote beforehand
+//! (`dra-direct`: kube-scheduler alone on the path). Every simulated node then also carries the
+//! ResourceSlice its DRA plugin would publish, built by the plugin's own code
+//! (`dra::slices::devices` and `slice`, owned by the Node); kube-scheduler allocates the claims
+//! (and, with the DRA chart, asks vgpu-scheduler's `/dra/prioritize`). The run checks that no
+//! GPU's allocated claims hold more than it has.
 
 use crate::kube::Cluster;
 use crate::parts::Parts;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -67,6 +79,10 @@ pub struct Size {
     pub vgpu_pods: usize,
     /// Plain (CPU and memory only) pods.
     pub plain_pods: usize,
+    /// DRA pods (a claim of class `gpu.vgpu.io` from a template, the same shapes; Kubernetes'
+    /// claim controller makes the claims), then as many whose claims were written beforehand
+    /// (kube-scheduler alone on the path).
+    pub dra_pods: usize,
     /// Creations and node writes in flight at once.
     pub in_flight: usize,
     /// How long a phase may take before the pods still not bound count as failures.
@@ -173,6 +189,11 @@ fn node_name(i: usize) -> String {
 
 /// Node `i`'s inventory, built by the device plugin's code from eight fake GPUs.
 fn inventory(i: usize, shape: Shape) -> NodeInventory {
+    device_state(i).inventory(shape)
+}
+
+/// Node `i`'s eight fake GPUs as the device plugin holds them.
+fn device_state(i: usize) -> DeviceState {
     let gpus = (0..GPUS)
         .map(|g| Gpu {
             index: g,
@@ -185,7 +206,40 @@ fn inventory(i: usize, shape: Shape) -> NodeInventory {
             nvlink_peers: vec![],
         })
         .collect();
-    DeviceState::new(gpus, "nvidia").inventory(shape)
+    DeviceState::new(gpus, "nvidia")
+}
+
+/// Node `i`'s ResourceSlice as its DRA plugin would publish it (`dra::slices`: one shared device
+/// per GPU with the `memory` and `cores` capacities), owned by its Node.
+fn slice_object(i: usize, node_uid: &str, shape: Shape) -> ResourceSlice {
+    let devices = vgpu_device_plugin::dra::slices::devices(&device_state(i), shape, None);
+    vgpu_device_plugin::dra::slices::slice(&node_name(i), Some(node_uid), 1, devices)
+}
+
+/// The DRA pods' DeviceClass, as the chart's `dra.enabled` makes it.
+fn device_class() -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": vgpu_core::dra::CLASS},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{}\"", vgpu_core::dra::CLASS)}}]}})
+}
+
+/// A trace row as a claim template's name and request: k whole GPUs (no `memory`: the card,
+/// `cores` 100), or one share of m/10 % of the card's memory and cores, as the vGPU pods ask.
+fn dra_request(s: Shape0) -> (String, Value) {
+    if s.gpus > 1 || s.gpu_milli >= 1000 {
+        return (
+            format!("scale-{}x-card", s.gpus),
+            json!({"deviceClassName": vgpu_core::dra::CLASS, "count": s.gpus,
+                "capacity": {"requests": {"cores": "100"}}}),
+        );
+    }
+    let pct = u64::from(s.gpu_milli.div_ceil(10).clamp(1, 100));
+    (
+        format!("scale-1x-{pct}pct"),
+        json!({"deviceClassName": vgpu_core::dra::CLASS, "count": 1,
+            "capacity": {"requests": {"memory": format!("{}Mi", CARD_MIB * pct / 100),
+                "cores": pct.to_string()}}}),
+    )
 }
 
 fn unix_now() -> u64 {
@@ -233,6 +287,30 @@ fn node_object(i: usize, inv: &NodeInventory, shape: Shape) -> Node {
         },
     }))
     .expect("a Node")
+}
+
+/// A DRA pod: the row's CPU and memory, and one claim from its template or, with `direct`, the
+/// claim `<name>-gpu` written beforehand ([`dra_claim_object`]).
+fn dra_pod_object(name: &str, kind: &str, s: Shape0, direct: bool) -> Pod {
+    let mut pod = serde_json::to_value(pod_object(name, kind, s)).expect("JSON");
+    let (template, _) = dra_request(s);
+    pod["spec"]["resourceClaims"] = if direct {
+        json!([{"name": "gpu", "resourceClaimName": format!("{name}-gpu")}])
+    } else {
+        json!([{"name": "gpu", "resourceClaimTemplateName": template}])
+    };
+    pod["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+    serde_json::from_value(pod).expect("a Pod")
+}
+
+/// The claim a `direct` DRA pod names.
+fn dra_claim_object(pod: &str, s: Shape0) -> ResourceClaim {
+    let (_, request) = dra_request(s);
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{pod}-gpu"), "labels": {LABEL: "dra-direct"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}
+    }))
+    .expect("a ResourceClaim")
 }
 
 fn pod_object(name: &str, kind: &str, s: Shape0) -> Pod {
@@ -365,11 +443,35 @@ impl Report {
                     .join(", ")
             ));
         }
-        if let [plain, vgpu] = &self.phases[..] {
-            if plain.bind_rate > 0.0 {
+        let rate = |kind: &str| {
+            self.phases
+                .iter()
+                .find(|p| p.kind == kind)
+                .map(|p| p.bind_rate)
+        };
+        if let (Some(plain), Some(vgpu)) = (rate("plain"), rate("vgpu")) {
+            if plain > 0.0 {
+                out.push(format!("vGPU/plain rate ratio {:.2}", vgpu / plain));
+            }
+        }
+        if let (Some(plain), Some(dra)) = (rate("plain"), rate("dra")) {
+            if plain > 0.0 {
+                let vs_vgpu = rate("vgpu")
+                    .filter(|v| *v > 0.0)
+                    .map(|v| format!(", DRA/vGPU {:.2}", dra / v))
+                    .unwrap_or_default();
+                out.push(format!("DRA/plain rate ratio {:.2}{vs_vgpu}", dra / plain));
+            }
+        }
+        if let (Some(plain), Some(dra)) = (rate("plain"), rate("dra-direct")) {
+            if plain > 0.0 {
+                let vs_vgpu = rate("vgpu")
+                    .filter(|v| *v > 0.0)
+                    .map(|v| format!(", DRA-direct/vGPU {:.2}", dra / v))
+                    .unwrap_or_default();
                 out.push(format!(
-                    "vGPU/plain rate ratio {:.2}",
-                    vgpu.bind_rate / plain.bind_rate
+                    "DRA-direct/plain rate ratio {:.2}{vs_vgpu}",
+                    dra / plain
                 ));
             }
         }
@@ -523,6 +625,29 @@ pub async fn clean(client: &kube::Client, in_flight: usize) {
         })
         .await;
     let _ = namespaces.delete(NS, &DeleteParams::default()).await;
+    // The simulated nodes' slices (the garbage collector would take them with their nodes, later).
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let ours: Vec<String> = slices
+        .list_metadata(
+            &ListParams::default().fields(&format!("spec.driver={}", vgpu_core::dra::CLASS)),
+        )
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|s| s.metadata.name)
+                .filter(|n| n.starts_with("vgpu-scale-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    futures::stream::iter(ours)
+        .for_each_concurrent(in_flight, |name| {
+            let slices = slices.clone();
+            async move {
+                let _ = slices.delete(&name, &DeleteParams::default()).await;
+            }
+        })
+        .await;
     let _ = nodes
         .delete_collection(
             &DeleteParams::default(),
@@ -615,7 +740,7 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
             .collect(),
     );
     let started = Instant::now();
-    let results: Vec<Result<(), String>> = futures::stream::iter(0..size.nodes)
+    let results: Vec<Result<(usize, String), String>> = futures::stream::iter(0..size.nodes)
         .map(|i| {
             let nodes = nodes.clone();
             let obj = node_object(i, &invs[i].1, shape);
@@ -623,16 +748,46 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
                 nodes
                     .create(&PostParams::default(), &obj)
                     .await
-                    .map(|_| ())
+                    .map(|n| (i, n.metadata.uid.unwrap_or_default()))
                     .map_err(|e| format!("{}: {e}", node_name(i)))
             }
         })
         .buffer_unordered(size.in_flight)
         .collect()
         .await;
-    let nodes_created_in = started.elapsed();
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failed.is_empty(), "creating the nodes: {failed:?}");
+    if size.dra_pods > 0 {
+        // DRA mode on every node too: its DRA plugin's slice (the scale run measures scheduling;
+        // a real node runs one mode, so the two phases' GPUs are not shared here).
+        let classes: Api<DeviceClass> = Api::all(client.clone());
+        let class: DeviceClass = serde_json::from_value(device_class()).expect("a DeviceClass");
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating the DeviceClass: {e}"),
+        }
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        let made: Vec<Result<(), String>> =
+            futures::stream::iter(results.iter().flatten().cloned())
+                .map(|(i, uid)| {
+                    let slices = slices.clone();
+                    let obj = slice_object(i, &uid, shape);
+                    async move {
+                        slices
+                            .create(&PostParams::default(), &obj)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| format!("{}: {e}", node_name(i)))
+                    }
+                })
+                .buffer_unordered(size.in_flight)
+                .collect()
+                .await;
+        let failed: Vec<&String> = made.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(failed.is_empty(), "creating the ResourceSlices: {failed:?}");
+    }
+    let nodes_created_in = started.elapsed();
     let hb_stats = Arc::new(Mutex::new((0u64, 0u64)));
     let hb = tokio::spawn(heartbeats(
         nodes.clone(),
@@ -673,20 +828,71 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
         )
         .await
         .expect("create the namespace");
+    if size.dra_pods > 0 {
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+        let mut made = std::collections::BTreeSet::new();
+        for s in &shapes {
+            let (name, request) = dra_request(*s);
+            if !made.insert(name.clone()) {
+                continue;
+            }
+            let t: ResourceClaimTemplate = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}}
+            }))
+            .expect("a ResourceClaimTemplate");
+            templates
+                .create(&PostParams::default(), &t)
+                .await
+                .unwrap_or_else(|e| panic!("creating template {name}: {e}"));
+        }
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let tracker = Arc::new(Mutex::new(Tracker::default()));
     let watcher = tokio::spawn(watch_binds(pods.clone(), tracker.clone(), stop_rx.clone()));
     let binds_before = extender_binds(parts);
     let mut phases = Vec::new();
-    for (kind, n) in [("plain", size.plain_pods), ("vgpu", size.vgpu_pods)] {
+    for (kind, n) in [
+        ("plain", size.plain_pods),
+        ("vgpu", size.vgpu_pods),
+        ("dra", size.dra_pods),
+        ("dra-direct", size.dra_pods),
+    ] {
         if n == 0 {
             continue;
+        }
+        if kind == "dra-direct" {
+            // The claims first, untimed: the phase measures the scheduling of pods whose claims
+            // exist.
+            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+            let failed: Vec<String> = futures::stream::iter(0..n)
+                .map(|i| {
+                    let claims = claims.clone();
+                    let obj = dra_claim_object(&format!("{kind}-{i:05}"), shapes[i % shapes.len()]);
+                    async move {
+                        claims
+                            .create(&PostParams::default(), &obj)
+                            .await
+                            .err()
+                            .map(|e| e.to_string())
+                    }
+                })
+                .buffer_unordered(size.in_flight)
+                .filter_map(|e| async move { e })
+                .collect()
+                .await;
+            assert!(failed.is_empty(), "creating the claims: {failed:?}");
         }
         let cpu_before = cpu_secs(&procs);
         let list: Vec<(String, Pod)> = (0..n)
             .map(|i| {
                 let name = format!("{kind}-{i:05}");
-                let pod = pod_object(&name, kind, shapes[i % shapes.len()]);
+                let shape = shapes[i % shapes.len()];
+                let pod = match kind {
+                    "dra" => dra_pod_object(&name, kind, shape, false),
+                    "dra-direct" => dra_pod_object(&name, kind, shape, true),
+                    _ => pod_object(&name, kind, shape),
+                };
                 (name, pod)
             })
             .collect();
@@ -725,7 +931,13 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
         ListParams::default().labels(&format!("{LABEL}=vgpu")),
     )
     .await;
-    let (slices, overcommits) = check_assignments(&placed, &invs);
+    let (slices, mut overcommits) = check_assignments(&placed, &invs);
+    if size.dra_pods > 0 {
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+        overcommits.extend(check_claims(
+            &list_all(&claims, ListParams::default()).await,
+        ));
+    }
 
     let _ = stop_tx.send(true);
     // A task that panicked (the pod watch refused) fails the run here.
@@ -1015,6 +1227,47 @@ fn check_assignments(pods: &[Pod], invs: &[(String, NodeInventory)]) -> (usize, 
     (slices, bad)
 }
 
+/// What the allocated claims consumed of each GPU against its capacity: one line per GPU given
+/// more memory or cores than it has (24576 MiB and 100 % here), or per claim bound without an
+/// allocation.
+fn check_claims(claims: &[ResourceClaim]) -> Vec<String> {
+    let mut used: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    let mut bad = Vec::new();
+    for c in claims {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let Some(results) = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.clone())
+        else {
+            bad.push(format!("claim {name}: not allocated"));
+            continue;
+        };
+        for r in results {
+            let amount = |k: &str| {
+                r.consumed_capacity
+                    .as_ref()
+                    .and_then(|m| m.get(k))
+                    .and_then(|q| vgpu_core::quantity::parse_integer(&q.0).ok())
+                    .unwrap_or(0)
+            };
+            let u = used.entry((r.pool.clone(), r.device.clone())).or_default();
+            u.0 += amount("memory") >> 20;
+            u.1 += amount("cores");
+        }
+    }
+    for ((pool, device), (mib, cores)) in used {
+        if mib > CARD_MIB || cores > 100 {
+            bad.push(format!(
+                "{pool}/{device}: claims hold {mib} of {CARD_MIB} MiB, {cores} of 100 cores"
+            ));
+        }
+    }
+    bad
+}
+
 /// The tier's step: 200 nodes, 500 vGPU pods and 100 plain pods through the tier's scheduler pair;
 /// every pod bound, no bind error, no GPU over-committed, everything deleted.
 pub fn tier_step(parts: &Parts<'_>) {
@@ -1023,6 +1276,7 @@ pub fn tier_step(parts: &Parts<'_>) {
         nodes: 200,
         vgpu_pods: 500,
         plain_pods: 100,
+        dra_pods: 100,
         in_flight: 16,
         phase_limit: Duration::from_secs(60),
         client_connection: CHART_CONNECTION.into(),

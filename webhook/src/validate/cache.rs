@@ -433,7 +433,11 @@ pub fn spawn_watchers(
                         map.remove(name);
                     }
                 }
-                let largest = map.values().flatten().map(|c| c.memory.div_ceil(1 << 20)).max();
+                let largest = map
+                    .values()
+                    .flatten()
+                    .map(|c| c.memory.div_ceil(1 << 20))
+                    .max();
                 drop(map);
                 if let Some(mib) = largest {
                     c.note_largest_published_card(mib);
