@@ -189,8 +189,11 @@ impl Model {
 pub struct DraScorer {
     stores: Stores,
     model: Mutex<Option<(u64, Arc<Model>)>>,
-    usage: Mutex<Option<((u64, u64), Arc<Usage>)>>,
+    usage: Mutex<Option<(Versions, Arc<Usage>)>>,
 }
+
+/// The stores' (slices, claims) versions a [`Usage`] was built at.
+type Versions = (u64, u64);
 
 impl std::fmt::Debug for DraScorer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
