@@ -123,22 +123,30 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// The answer to a body that is not a review: counted, logged, 400.
+fn not_a_review(
+    state: &AppState,
+    endpoint: &'static str,
+    started: Instant,
+    e: &dyn std::fmt::Display,
+) -> Response {
+    tracing::info!(endpoint, decision = "bad-request", error = %e, "admission");
+    state.metrics.admission(
+        AdmissionLabels {
+            endpoint,
+            decision: "bad-request",
+            reason: "not-a-review",
+        },
+        started.elapsed(),
+    );
+    bad_request(e.to_string())
+}
+
 async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
     let request = match AdmissionRequest::from_review_bytes(&body) {
         Ok(r) => r,
-        Err(e) => {
-            tracing::info!(endpoint = "validate", decision = "bad-request", error = %e, "admission");
-            state.metrics.admission(
-                AdmissionLabels {
-                    endpoint: "validate",
-                    decision: "bad-request",
-                    reason: "not-a-review",
-                },
-                started.elapsed(),
-            );
-            return bad_request(e.to_string());
-        }
+        Err(e) => return not_a_review(&state, "validate", started, &e),
     };
     let (response, decision) = state.validator.decide(&request).await;
     let allowed = response.allowed;
@@ -168,18 +176,7 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
     let request = match AdmissionRequest::from_review_bytes(&body) {
         Ok(r) => r,
-        Err(e) => {
-            tracing::info!(endpoint = "mutate", decision = "bad-request", error = %e, "admission");
-            state.metrics.admission(
-                AdmissionLabels {
-                    endpoint: "mutate",
-                    decision: "bad-request",
-                    reason: "not-a-review",
-                },
-                started.elapsed(),
-            );
-            return bad_request(e.to_string());
-        }
+        Err(e) => return not_a_review(&state, "mutate", started, &e),
     };
     let (response, decision) = decide_mutation(&request, &state.mutate);
     answer_mutation(&state, "mutate", started, &request, response, decision)
@@ -189,18 +186,7 @@ async fn mutate_dra(State(state): State<Arc<AppState>>, body: Bytes) -> Response
     let started = Instant::now();
     let request = match AdmissionRequest::from_review_bytes(&body) {
         Ok(r) => r,
-        Err(e) => {
-            tracing::info!(endpoint = "mutate-dra", decision = "bad-request", error = %e, "admission");
-            state.metrics.admission(
-                AdmissionLabels {
-                    endpoint: "mutate-dra",
-                    decision: "bad-request",
-                    reason: "not-a-review",
-                },
-                started.elapsed(),
-            );
-            return bad_request(e.to_string());
-        }
+        Err(e) => return not_a_review(&state, "mutate-dra", started, &e),
     };
     let (response, decision) = state.dra.decide(&request).await;
     answer_mutation(&state, "mutate-dra", started, &request, response, decision)
