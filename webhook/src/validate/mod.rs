@@ -102,10 +102,9 @@ struct Admissible<'r> {
     fallback: events::ObjectRef,
     /// What it would hold; `None`: computed from the pod by [`Validator::incoming`].
     usage: Option<usage::PodUsage>,
-    /// Whether an admission writes a reservation (`false`: a DRA pod, whose claims are
-    /// reserved when the claim controller makes them; the pod is only checked).
-    reserve: bool,
     /// A DRA pod's ResourceClaimTemplates, whose claims' usage is read in [`Validator::quota`].
+    /// Such a pod is only checked, never reserved: its claims are reserved as the claim
+    /// controller makes them.
     templates: Vec<String>,
 }
 
@@ -362,7 +361,6 @@ impl Validator {
             namespace,
             dry_run: request.dry_run == Some(true),
             usage: Some(held),
-            reserve: true,
             templates: Vec::new(),
         };
         let (response, label) = self.quota(request, &a).await;
@@ -404,7 +402,7 @@ impl Validator {
         ) {
             Attempt::AlreadyReserved => ((allow, "reserved"), None),
             Attempt::Exceeded(e) => (self.exceeded(request, &a, e), None),
-            Attempt::Write(_) if !a.reserve => ((allow, "checked"), None),
+            Attempt::Write(_) if !a.templates.is_empty() => ((allow, "checked"), None),
             Attempt::Write(_) if a.dry_run => ((allow, "reserved"), None),
             Attempt::Write(next) => ((allow, "reserved"), Some(next)),
         }
@@ -447,7 +445,6 @@ impl Validator {
                 namespace,
                 dry_run,
                 usage: None,
-                reserve: false,
                 templates,
             });
         }
@@ -468,7 +465,6 @@ impl Validator {
             namespace,
             dry_run,
             usage: None,
-            reserve: true,
             templates: Vec::new(),
         })
     }
@@ -740,7 +736,7 @@ impl Validator {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
                 Attempt::Exceeded(e) => return self.exceeded(request, a, e),
                 // A DRA pod is only checked: its claims are reserved as they are made.
-                Attempt::Write(_) if !a.reserve => return (allow, "checked"),
+                Attempt::Write(_) if !a.templates.is_empty() => return (allow, "checked"),
                 // A dry run writes nothing: the answer is what a real request would get now.
                 Attempt::Write(_) if a.dry_run => return (allow, "reserved"),
                 Attempt::Write(next) => {
