@@ -76,7 +76,7 @@ fn fresh_pod3(shared: &Shared, n: &mut u64) {
     });
     if n.is_multiple_of(1000) {
         // Keep the directories as small as a node's.
-        vgpu_device_plugin::metrics::forget_pods(&shared.settings.host_dir, |_| false);
+        vgpu_device_plugin::records::forget_pods(&shared.settings.host_dir, |_| false);
     }
 }
 
@@ -188,11 +188,11 @@ fn bench(c: &mut Criterion) {
                 let mut c = claim.clone();
                 c.uid = format!("u{n}");
                 let t = Instant::now();
-                vgpu_device_plugin::metrics::record_allocation(&host, &c);
+                vgpu_device_plugin::records::record_allocation(&host, &c);
                 total += t.elapsed();
             }
             // Untimed: leave the directory as small as a node's.
-            vgpu_device_plugin::metrics::forget_pods(&host, |u| !u.starts_with('u'));
+            vgpu_device_plugin::records::forget_pods(&host, |u| !u.starts_with('u'));
             total
         })
     });

@@ -186,7 +186,7 @@ impl Shared {
                 let host = self.settings.host_dir.clone();
                 let record_claim = claim.clone();
                 let record = tokio::task::spawn_blocking(move || {
-                    crate::metrics::record_allocation(&host, &record_claim)
+                    crate::records::record_allocation(&host, &record_claim)
                 });
                 self.mark_allocated(&claim).await;
                 let _ = record.await;

@@ -13,19 +13,12 @@
 //! alternative is scored), `status.allocation.devices.results[].consumedCapacity`
 //! (k8s-openapi `v1_36`).
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaim, ResourceSlice};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::claims::Stores;
-use crate::extender::{ExtenderArgs, HostPriority, HostPriorityList};
-use crate::server::AppState;
 use vgpu_core::dra::{CLASS, CORES, MEMORY, UNHEALTHY_TAINT};
 use vgpu_core::placement::frag::LiveFrag;
 use vgpu_core::quantity::parse_integer;
@@ -257,50 +250,6 @@ impl DraScorer {
             })
             .collect()
     }
-}
-
-/// `POST /dra/prioritize`: kube-scheduler's prioritize verb for DRA pods (every pod of vgpu's
-/// profile reaches it; pods without a pending claim of our class get 0 everywhere).
-pub async fn prioritize(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let args: ExtenderArgs = match serde_json::from_slice(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            s.metrics
-                .call("dra-prioritize", "bad-request", started.elapsed());
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("body is not ExtenderArgs JSON: {e}"),
-            )
-                .into_response();
-        }
-    };
-    let names: Vec<&str> = match (&args.nodenames, &args.nodes) {
-        (Some(names), _) => names.iter().map(String::as_str).collect(),
-        (None, Some(list)) => list
-            .items
-            .iter()
-            .filter_map(|n| n["metadata"]["name"].as_str())
-            .collect(),
-        (None, None) => Vec::new(),
-    };
-    let scores = match (&args.pod, s.dra.get()) {
-        (Some(pod), Some(dra)) => {
-            let cluster = s.cluster.read().unwrap_or_else(|p| p.into_inner());
-            dra.scores(pod, &names, cluster.typical_pods())
-        }
-        _ => vec![0; names.len()],
-    };
-    let out: HostPriorityList = names
-        .iter()
-        .zip(scores)
-        .map(|(n, score)| HostPriority {
-            host: n.to_string(),
-            score: i64::from(score),
-        })
-        .collect();
-    s.metrics.call("dra-prioritize", "ok", started.elapsed());
-    axum::Json(out).into_response()
 }
 
 /// What one request of class `gpu.vgpu.io` asks: `count` shares of `memory` bytes (`None`: the

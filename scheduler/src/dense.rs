@@ -15,7 +15,7 @@ use hashbrown::HashTable;
 use std::hash::Hasher;
 use vgpu_core::placement::GpuHot;
 
-use crate::cache::FxHasher;
+use crate::fxhash::FxHasher;
 
 fn hash(name: &str) -> u64 {
     let mut h = FxHasher::default();

@@ -334,13 +334,6 @@ pub struct PodView<'a> {
     pub spec: Option<SpecView<'a>>,
 }
 
-impl PodView<'_> {
-    /// `metadata.uid`.
-    pub fn uid(&self) -> Option<&str> {
-        self.metadata.as_ref()?.uid.as_ref().map(Name::as_str)
-    }
-}
-
 /// [`ExtenderArgs`] read for the filter and prioritize verbs: names borrowed from the body, the pod
 /// pruned to [`PodView`]. Whole `nodes` are only noticed (that form is served from
 /// [`ExtenderArgs`]).

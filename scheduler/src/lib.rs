@@ -11,6 +11,7 @@ pub mod claims;
 pub mod cli;
 mod dense;
 pub mod extender;
+mod fxhash;
 pub mod hosts;
 pub mod metrics;
 pub mod pod;

@@ -23,101 +23,183 @@ pub enum PodError {
     Policy(#[from] PolicyError),
 }
 
-fn resources(c: &Container, kind: ContainerKind) -> ContainerResources {
-    let mut r = ContainerResources::new(c.name.clone(), kind);
-    if let Some(res) = &c.resources {
-        for (k, v) in res.limits.iter().flatten() {
-            r.limits.push((k.clone(), v.0.clone()));
-        }
-        for (k, v) in res.requests.iter().flatten() {
-            r.requests.push((k.clone(), v.0.clone()));
+/// The parts of a pod the extender reads, from a whole Pod object (watches, bind) or from the
+/// pruned read of an extender call ([`PodView`]): [`pod_request`] and [`host_request`] read
+/// either through this, so both forms give the same request and the same errors.
+pub trait PodSource {
+    /// A container of the pod.
+    type Container: ContainerSource;
+    /// `metadata.namespace` and `metadata.name` (empty when missing).
+    fn key(&self) -> Key<'_>;
+    /// `metadata.uid`.
+    fn uid(&self) -> Option<&str>;
+    /// The annotation `key`.
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// `spec.initContainers`, in order.
+    fn init_containers(&self) -> impl Iterator<Item = &Self::Container>;
+    /// `spec.containers`, in order.
+    fn containers(&self) -> impl Iterator<Item = &Self::Container>;
+    /// `spec.overhead`, name to quantity.
+    fn overhead(&self) -> impl Iterator<Item = (&str, &str)>;
+}
+
+/// The parts of a container the extender reads.
+pub trait ContainerSource {
+    /// `name`.
+    fn name(&self) -> &str;
+    /// `resources.limits`, name to quantity.
+    fn limits(&self) -> impl Iterator<Item = (&str, &str)>;
+    /// `resources.requests`, name to quantity.
+    fn requests(&self) -> impl Iterator<Item = (&str, &str)>;
+    /// Whether it is a sidecar (`restartPolicy: Always`, init containers only).
+    fn is_sidecar(&self) -> bool;
+}
+
+/// A pod's `namespace/name`, for logs and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<'a> {
+    /// `metadata.namespace`.
+    pub namespace: &'a str,
+    /// `metadata.name`.
+    pub name: &'a str,
+}
+
+impl std::fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl PodSource for Pod {
+    type Container = Container;
+    fn key(&self) -> Key<'_> {
+        Key {
+            namespace: self.metadata.namespace.as_deref().unwrap_or(""),
+            name: self.metadata.name.as_deref().unwrap_or(""),
         }
     }
-    r
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+    fn init_containers(&self) -> impl Iterator<Item = &Container> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+    }
+    fn containers(&self) -> impl Iterator<Item = &Container> {
+        self.spec.iter().flat_map(|s| s.containers.iter())
+    }
+    fn overhead(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.overhead.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_str()))
+    }
+}
+
+impl ContainerSource for Container {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn limits(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.limits.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_str()))
+    }
+    fn requests(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.requests.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_str()))
+    }
+    fn is_sidecar(&self) -> bool {
+        self.restart_policy.as_deref() == Some("Always")
+    }
+}
+
+impl<'a> PodSource for PodView<'a> {
+    type Container = ContainerView<'a>;
+    fn key(&self) -> Key<'_> {
+        let meta = self.metadata.as_ref();
+        Key {
+            namespace: meta
+                .and_then(|m| m.namespace.as_ref())
+                .map_or("", Name::as_str),
+            name: meta.and_then(|m| m.name.as_ref()).map_or("", Name::as_str),
+        }
+    }
+    fn uid(&self) -> Option<&str> {
+        self.metadata.as_ref()?.uid.as_ref().map(Name::as_str)
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata.as_ref()?.annotations.as_ref()?.get(key)
+    }
+    fn init_containers(&self) -> impl Iterator<Item = &ContainerView<'a>> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+    }
+    fn containers(&self) -> impl Iterator<Item = &ContainerView<'a>> {
+        self.spec.iter().flat_map(|s| s.containers.iter())
+    }
+    fn overhead(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.overhead.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_ref()))
+    }
+}
+
+impl ContainerSource for ContainerView<'_> {
+    fn name(&self) -> &str {
+        self.name.as_str()
+    }
+    fn limits(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.limits.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_ref()))
+    }
+    fn requests(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.requests.iter().flatten())
+            .map(|(k, v)| (k.as_str(), v.0.as_ref()))
+    }
+    fn is_sidecar(&self) -> bool {
+        self.restart_policy.as_ref().map(Name::as_str) == Some("Always")
+    }
+}
+
+fn resources(c: &impl ContainerSource, kind: ContainerKind) -> ContainerResources {
+    let owned = |(k, v): (&str, &str)| (k.to_string(), v.to_string());
+    ContainerResources {
+        limits: c.limits().map(owned).collect(),
+        requests: c.requests().map(owned).collect(),
+        ..ContainerResources::new(c.name(), kind)
+    }
 }
 
 /// The pod's vGPU request, or `None` when no container asks for a vGPU.
 pub fn pod_request(
-    pod: &Pod,
+    pod: &impl PodSource,
     policy: &RequestPolicy,
     default_node: Policy,
     default_gpu: Policy,
 ) -> Result<Option<PodRequest>, PodError> {
-    let Some(spec) = &pod.spec else {
-        return Ok(None);
-    };
-    let all: Vec<ContainerResources> = spec
-        .init_containers
-        .iter()
-        .flatten()
+    let all: Vec<ContainerResources> = pod
+        .init_containers()
         .map(|c| resources(c, ContainerKind::Init))
-        .chain(
-            spec.containers
-                .iter()
-                .map(|c| resources(c, ContainerKind::App)),
-        )
+        .chain(pod.containers().map(|c| resources(c, ContainerKind::App)))
         .collect();
-    let annotations = pod.metadata.annotations.as_ref();
-    let req = request_of(all, policy, default_node, default_gpu, |k| {
-        annotations.and_then(|a| a.get(k)).map(String::as_str)
-    })?;
-    Ok(req.map(|r| PodRequest {
-        host: host_request(pod),
-        ..r
-    }))
-}
-
-fn resources_view(c: &ContainerView<'_>, kind: ContainerKind) -> ContainerResources {
-    let mut r = ContainerResources::new(c.name.as_str(), kind);
-    if let Some(res) = &c.resources {
-        for (k, v) in res.limits.iter().flatten() {
-            r.limits.push((k.as_str().to_string(), v.0.to_string()));
-        }
-        for (k, v) in res.requests.iter().flatten() {
-            r.requests.push((k.as_str().to_string(), v.0.to_string()));
-        }
-    }
-    r
-}
-
-/// [`pod_request`] from the pruned read of an extender call: the same request, the same errors.
-pub fn pod_request_view(
-    pod: &PodView<'_>,
-    policy: &RequestPolicy,
-    default_node: Policy,
-    default_gpu: Policy,
-) -> Result<Option<PodRequest>, PodError> {
-    let Some(spec) = &pod.spec else {
-        return Ok(None);
-    };
-    let all: Vec<ContainerResources> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| resources_view(c, ContainerKind::Init))
-        .chain(
-            spec.containers
-                .iter()
-                .map(|c| resources_view(c, ContainerKind::App)),
-        )
-        .collect();
-    let annotations = pod.metadata.as_ref().and_then(|m| m.annotations.as_ref());
-    let req = request_of(all, policy, default_node, default_gpu, |k| {
-        annotations.and_then(|a| a.get(k))
-    })?;
-    Ok(req.map(|r| PodRequest {
-        host: host_request_view(pod),
-        ..r
-    }))
-}
-
-fn request_of<'a>(
-    all: Vec<ContainerResources>,
-    policy: &RequestPolicy,
-    default_node: Policy,
-    default_gpu: Policy,
-    annotation: impl Fn(&str) -> Option<&'a str>,
-) -> Result<Option<PodRequest>, PodError> {
     let parsed = policy.parse_pod(&all)?;
     if parsed.is_empty() {
         return Ok(None);
@@ -129,8 +211,12 @@ fn request_of<'a>(
             request,
         })
         .collect();
-    let req = PodRequest::from_annotations(containers, annotation, default_node, default_gpu)?;
-    Ok(Some(req))
+    let req =
+        PodRequest::from_annotations(containers, |k| pod.annotation(k), default_node, default_gpu)?;
+    Ok(Some(PodRequest {
+        host: host_request(pod),
+        ..req
+    }))
 }
 
 /// One container's CPU (milli) and memory (bytes) requests, as kube-scheduler reads them: a
@@ -151,17 +237,17 @@ fn cpu_mem<'q>(requests: impl Iterator<Item = (&'q str, &'q str)>) -> [u64; 2] {
 /// resource/helpers.go` `PodRequests`): the sum over app containers and sidecars (init containers
 /// with `restartPolicy: Always`), or, when larger, the largest step of the init sequence (an init
 /// container plus the sidecars started before it), plus `spec.overhead`. Memory in MiB, rounded up.
-fn pod_host(
-    apps: impl Iterator<Item = [u64; 2]>,
-    inits: impl Iterator<Item = ([u64; 2], bool)>,
-    overhead: [u64; 2],
-) -> HostRequest {
+pub fn host_request(pod: &impl PodSource) -> HostRequest {
     let add = |a: [u64; 2], b: [u64; 2]| [a[0].saturating_add(b[0]), a[1].saturating_add(b[1])];
     let max = |a: [u64; 2], b: [u64; 2]| [a[0].max(b[0]), a[1].max(b[1])];
-    let mut sum = apps.fold([0, 0], add);
+    let mut sum = pod
+        .containers()
+        .map(|c| cpu_mem(c.requests()))
+        .fold([0, 0], add);
     let (mut sidecars, mut init) = ([0u64; 2], [0u64; 2]);
-    for (r, sidecar) in inits {
-        let step = if sidecar {
+    for c in pod.init_containers() {
+        let r = cpu_mem(c.requests());
+        let step = if c.is_sidecar() {
             sum = add(sum, r);
             sidecars = add(sidecars, r);
             sidecars
@@ -170,78 +256,11 @@ fn pod_host(
         };
         init = max(init, step);
     }
-    let total = add(max(sum, init), overhead);
+    let total = add(max(sum, init), cpu_mem(pod.overhead()));
     HostRequest {
         cpu_milli: total[0],
         mem_mib: total[1].div_ceil(1 << 20),
     }
-}
-
-/// [`pod_host`] of a Pod object.
-pub fn host_request(pod: &Pod) -> HostRequest {
-    let Some(spec) = &pod.spec else {
-        return HostRequest::default();
-    };
-    let of = |c: &Container| {
-        cpu_mem(
-            c.resources
-                .iter()
-                .flat_map(|r| r.requests.iter().flatten())
-                .map(|(k, v)| (k.as_str(), v.0.as_str())),
-        )
-    };
-    let overhead = cpu_mem(
-        spec.overhead
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.0.as_str())),
-    );
-    pod_host(
-        spec.containers.iter().map(of),
-        spec.init_containers
-            .iter()
-            .flatten()
-            .map(|c| (of(c), c.restart_policy.as_deref() == Some("Always"))),
-        overhead,
-    )
-}
-
-/// [`host_request`] of the pruned read of an extender call.
-pub fn host_request_view(pod: &PodView<'_>) -> HostRequest {
-    let Some(spec) = &pod.spec else {
-        return HostRequest::default();
-    };
-    let of = |c: &ContainerView<'_>| {
-        cpu_mem(
-            c.resources
-                .iter()
-                .flat_map(|r| r.requests.iter().flatten())
-                .map(|(k, v)| (k.as_str(), v.0.as_ref())),
-        )
-    };
-    let overhead = cpu_mem(
-        spec.overhead
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.0.as_ref())),
-    );
-    pod_host(
-        spec.containers.iter().map(of),
-        spec.init_containers.iter().flatten().map(|c| {
-            let sidecar = c.restart_policy.as_ref().map(Name::as_str) == Some("Always");
-            (of(c), sidecar)
-        }),
-        overhead,
-    )
-}
-
-/// `namespace/name`, for logs and messages.
-pub fn key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 /// The assignment annotation of a pod, if it has a readable one.
@@ -301,7 +320,7 @@ mod tests {
         assert_eq!(r.filter.use_types.entries(), ["a100"]);
         assert_eq!(r.gpu_policy, Policy::Binpack);
         assert_eq!(r.node_policy, Policy::Binpack);
-        assert_eq!(key(&p), "ns/p");
+        assert_eq!(p.key().to_string(), "ns/p");
     }
 
     #[test]
@@ -383,7 +402,7 @@ mod tests {
         assert_eq!(host_request(&pod(v.clone())), want);
         let text = v.to_string();
         let view: PodView<'_> = serde_json::from_str(&text).unwrap();
-        assert_eq!(host_request_view(&view), want);
+        assert_eq!(host_request(&view), want);
         // Nothing asked, nothing counted; unreadable values count as 0.
         assert_eq!(host_request(&pod(json!({}))), HostRequest::default());
         let odd = pod(json!({"spec": {"containers": [

@@ -3,69 +3,25 @@
 //! request on its node, for the `gap-aware` host terms, as kube-scheduler's own cache counts
 //! them). Objects are read and dropped: the cache keeps only what decisions need.
 //!
-//! kube-runtime's watcher lists, then watches from the list's resourceVersion, re-lists on 410
-//! Gone, and backs off on errors. A re-list arrives as `Init`, `InitApply`..., `InitDone`; objects
-//! not in it are dropped from the cache at `InitDone` (the way a reflector's store is replaced).
-//! A watch that fails after its LIST was complete is started over from a fresh LIST, and the cache
-//! counts as unsynced until that completes (readiness.rs says why).
+//! Both are [`Feed`]s of the services' one watch loop ([`vgpu_serve::watch`]): a re-list drops
+//! what it did not carry at its end, and a watch that fails after its LIST was complete marks the
+//! cache unsynced until the fresh LIST completes (readiness.rs says why).
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use vgpu_core::annotations::{DEVICE_CORDON, NODE_DEVICES, NODE_HEARTBEAT};
 use vgpu_core::placement::host::HostLeft;
 use vgpu_core::placement::GpuFilter;
 use vgpu_core::quantity::parse_ceil;
+use vgpu_serve::watch::{watch_forever, Feed};
 
 use crate::pod;
-use crate::readiness::Feed;
+use crate::readiness;
 use crate::server::AppState;
-
-/// Pause before a watch that failed after its LIST was complete starts over with a LIST; it
-/// doubles on each restart up to [`RESTART_MAX`], and is back to this after a run that stayed
-/// healthy for [`RESTART_RESET`]. (Failures of the LIST itself are retried by kube-runtime's own
-/// backoff, 0.8 s doubling to 30 s.) The same schedule as the webhook's caches.
-const RESTART_MIN: Duration = Duration::from_millis(250);
-const RESTART_MAX: Duration = Duration::from_secs(30);
-const RESTART_RESET: Duration = Duration::from_secs(60);
-
-/// Runs `run` (one watcher from a fresh LIST until it fails) again and again, with backoff.
-async fn restarting<F, Fut>(mut run: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut pause = RESTART_MIN;
-    loop {
-        let started = Instant::now();
-        run().await;
-        pause = if started.elapsed() > RESTART_RESET {
-            RESTART_MIN
-        } else {
-            (pause * 2).min(RESTART_MAX)
-        };
-        // Not a test sleep: the backoff between two full LISTs of a failing watch.
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// Records a watcher error; whether the watcher must start over (it failed after its LIST was
-/// complete, so events may have been missed).
-fn failed(s: &AppState, feed: Feed, e: &watcher::Error, complete: bool) -> bool {
-    s.readiness.failed(feed, e.to_string(), complete);
-    if complete {
-        tracing::warn!(watch = feed.name(), error = %e, "watch failed; cache marked unsynced, re-listing");
-    } else {
-        tracing::warn!(watch = feed.name(), error = %e, "listing failed; retrying");
-    }
-    complete
-}
 
 fn write(s: &AppState) -> std::sync::RwLockWriteGuard<'_, crate::cache::Cluster> {
     s.cluster.write().unwrap_or_else(|e| e.into_inner())
@@ -102,42 +58,43 @@ fn apply_node(s: &AppState, node: &Node) -> Option<String> {
 
 /// Runs the node watch forever.
 pub async fn nodes(client: kube::Client, state: Arc<AppState>) {
-    let api: Api<Node> = Api::all(client);
-    restarting(|| watch_nodes(&api, &state)).await
+    let feed = Nodes {
+        state,
+        seen: HashSet::new(),
+    };
+    watch_forever(Api::all(client), watcher::Config::default(), "nodes", feed).await
 }
 
-/// One node watcher from a fresh LIST until it fails after the LIST was complete.
-async fn watch_nodes(api: &Api<Node>, state: &AppState) {
-    let stream = watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
-    let mut seen = HashSet::new();
-    let mut complete = false;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(n)) => {
-                seen.extend(apply_node(state, &n));
-            }
-            Ok(Event::InitDone) => {
-                write(state).retain_nodes(&seen);
-                state.readiness.listed(Feed::Nodes);
-                complete = true;
-                tracing::info!(nodes = seen.len(), "node list synced");
-            }
-            Ok(Event::Apply(n)) => {
-                apply_node(state, &n);
-            }
-            Ok(Event::Delete(n)) => {
-                if let Some(name) = &n.metadata.name {
-                    write(state).delete_node(name);
-                }
-            }
-            Err(e) => {
-                if failed(state, Feed::Nodes, &e, complete) {
-                    return;
-                }
-            }
+/// The node cache's feed: the names of the current LIST, to drop the others at its end.
+struct Nodes {
+    state: Arc<AppState>,
+    seen: HashSet<String>,
+}
+
+impl Feed<Node> for Nodes {
+    fn relist(&mut self) {
+        self.seen.clear();
+    }
+    fn listed(&mut self, node: Node) {
+        self.seen.extend(apply_node(&self.state, &node));
+    }
+    fn synced(&mut self) {
+        write(&self.state).retain_nodes(&self.seen);
+        self.state.readiness.listed(readiness::Feed::Nodes);
+    }
+    fn applied(&mut self, node: Node) {
+        apply_node(&self.state, &node);
+    }
+    fn deleted(&mut self, node: Node) {
+        if let Some(name) = &node.metadata.name {
+            write(&self.state).delete_node(name);
         }
+    }
+    fn failed(&mut self, error: &watcher::Error, complete: bool) {
+        let feed = readiness::Feed::Nodes;
+        self.state
+            .readiness
+            .failed(feed, error.to_string(), complete);
     }
 }
 
@@ -146,7 +103,7 @@ fn apply_pod(s: &AppState, p: &Pod) -> Option<String> {
     let assignment = match pod::assignment(p) {
         Some(Ok(a)) => Some(a),
         Some(Err(e)) => {
-            tracing::warn!(pod = %pod::key(p), error = %e, "unreadable assignment; not counted");
+            tracing::warn!(pod = %pod::PodSource::key(p), error = %e, "unreadable assignment; not counted");
             None
         }
         None => None,
@@ -164,48 +121,48 @@ fn apply_pod(s: &AppState, p: &Pod) -> Option<String> {
 
 /// Runs the pod watch forever.
 pub async fn pods(client: kube::Client, state: Arc<AppState>) {
-    let api: Api<Pod> = Api::all(client);
-    restarting(|| watch_pods(&api, &state)).await
+    let feed = Pods {
+        state,
+        seen: HashSet::new(),
+        listed_from: Instant::now(),
+    };
+    watch_forever(Api::all(client), watcher::Config::default(), "pods", feed).await
 }
 
-/// One pod watcher from a fresh LIST until it fails after the LIST was complete.
-async fn watch_pods(api: &Api<Pod>, state: &AppState) {
-    let stream = watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
-    let mut seen = HashSet::new();
-    let mut listed_from = std::time::Instant::now();
-    let mut complete = false;
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => {
-                seen.clear();
-                // The LIST is sent after this event (kube-runtime's watcher yields `Init` from its
-                // empty state, then lists in `InitPage`), so its snapshot is newer than this.
-                listed_from = std::time::Instant::now();
-            }
-            Ok(Event::InitApply(p)) => {
-                seen.extend(apply_pod(state, &p));
-            }
-            Ok(Event::InitDone) => {
-                write(state).retain_pods(&seen, listed_from);
-                state.readiness.listed(Feed::Pods);
-                complete = true;
-                tracing::info!(pods = seen.len(), "pod list synced");
-            }
-            Ok(Event::Apply(p)) => {
-                apply_pod(state, &p);
-            }
-            Ok(Event::Delete(p)) => {
-                if let Some(uid) = &p.metadata.uid {
-                    write(state).delete_pod(uid);
-                }
-            }
-            Err(e) => {
-                if failed(state, Feed::Pods, &e, complete) {
-                    return;
-                }
-            }
+/// The pod cache's feed: the uids of the current LIST, and when it was asked for.
+struct Pods {
+    state: Arc<AppState>,
+    seen: HashSet<String>,
+    listed_from: Instant,
+}
+
+impl Feed<Pod> for Pods {
+    fn relist(&mut self) {
+        self.seen.clear();
+        // The LIST is sent after this (kube-runtime's watcher yields `Init` from its empty
+        // state, then lists in `InitPage`), so its snapshot is newer than this.
+        self.listed_from = Instant::now();
+    }
+    fn listed(&mut self, pod: Pod) {
+        self.seen.extend(apply_pod(&self.state, &pod));
+    }
+    fn synced(&mut self) {
+        write(&self.state).retain_pods(&self.seen, self.listed_from);
+        self.state.readiness.listed(readiness::Feed::Pods);
+    }
+    fn applied(&mut self, pod: Pod) {
+        apply_pod(&self.state, &pod);
+    }
+    fn deleted(&mut self, pod: Pod) {
+        if let Some(uid) = &pod.metadata.uid {
+            write(&self.state).delete_pod(uid);
         }
+    }
+    fn failed(&mut self, error: &watcher::Error, complete: bool) {
+        let feed = readiness::Feed::Pods;
+        self.state
+            .readiness
+            .failed(feed, error.to_string(), complete);
     }
 }
 

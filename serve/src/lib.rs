@@ -15,7 +15,8 @@
 //! - **File descriptors** ([`raise_nofile_limit`]): the soft RLIMIT_NOFILE is raised to the hard
 //!   one, so a thousand idle connections do not exhaust the usual 1024.
 //!
-//! And the one logging set-up of every binary ([`logging`]).
+//! And what every service shares besides serving: the one logging set-up of every binary
+//! ([`logging`]) and the one watch loop of every cache that follows the API server ([`watch`]).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod body;
 pub mod logging;
 pub mod server;
 pub mod tls;
+pub mod watch;
 
 pub use server::{serve, Limits};
 

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod node;
 pub mod ours;
 pub mod policy;
 pub mod report;

@@ -17,10 +17,9 @@ use std::collections::HashMap;
 
 use vgpu_core::placement::frag::{NodeView, PodShape};
 use vgpu_core::placement::gaps::{bucket, gap_prices, GapPrices};
-use vgpu_core::placement::host::HostTerms;
+use vgpu_core::placement::host::{HostTerms, PodKind as PodClass};
 
-use crate::policy::{GpuPick, NodeState};
-use crate::workload::{PodClass, TYPICAL_POPULARITY_PCT};
+use crate::node::{GpuPick, NodeState};
 
 /// `ours` for one trace: the host terms of its pod kinds and the gap prices of its share pods.
 #[derive(Clone, Debug)]
@@ -30,8 +29,9 @@ pub struct Ours {
 }
 
 impl Ours {
-    /// Build from the trace's class counts.
-    pub fn new(classes: &HashMap<PodClass, u64>) -> Ours {
+    /// Build from the trace's class counts; its typical pods are the most popular ones that make
+    /// up `typical_pct` percent of the pods.
+    pub fn new(classes: &HashMap<PodClass, u64>, typical_pct: f64) -> Ours {
         let kinds = sorted_kinds(classes.iter().map(|(c, &n)| (*c, n)));
         let mut shares: HashMap<u32, u64> = HashMap::new();
         for (c, n) in &kinds {
@@ -42,7 +42,7 @@ impl Ours {
         let mut shares: Vec<(u32, u64)> = shares.into_iter().collect();
         shares.sort_unstable();
         Ours {
-            host: HostTerms::new(&kinds, TYPICAL_POPULARITY_PCT),
+            host: HostTerms::new(&kinds, typical_pct),
             gaps: gap_prices(&shares),
         }
     }

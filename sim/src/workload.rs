@@ -125,7 +125,7 @@ impl Trace {
             TYPICAL_POPULARITY_PCT,
         );
         let table = FragTable::new(&typical);
-        let ours = crate::ours::Ours::new(&class_counts);
+        let ours = crate::ours::Ours::new(&class_counts, TYPICAL_POPULARITY_PCT);
         // What the extender learns from the pods it watches: shapes with their GPU-type lists,
         // CPU and memory requests.
         let live = vgpu_core::placement::frag::LiveFrag::new(&typical).with_host(

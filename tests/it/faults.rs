@@ -138,7 +138,7 @@ async fn validate_caches_recover_from_watch_faults_and_readyz_follows() {
             .0
             .output()
             .iter()
-            .filter(|l| l.contains("cache synced") && l.contains("resourcequotas"))
+            .filter(|l| l.contains("list synced") && l.contains("resourcequotas"))
             .count();
         (n >= 2).then_some(n)
     })

@@ -1,12 +1,54 @@
-//! Why a container fits no GPUs of a node: [`Unfit`] (names) and [`Miss`] (positions, cheap for
-//! every failing node), and the words both write.
+//! Why a container fits no GPUs of a node: [`Miss`] (positions, cheap for every failing node),
+//! the one writer of its words ([`write_miss`]), and [`Unfit`] (the miss with its words).
 
 use super::*;
 
-/// Why a container fits no set of GPUs on a node: the first check, in the order the module
-/// documentation lists them, that left fewer GPUs than the container needs.
+/// A container that fits no GPUs of a node: the [`Miss`], and its words with the node's names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UnfitReason {
+pub struct Unfit {
+    /// Which container, and why.
+    pub miss: Miss,
+    /// [`write_miss`]'s words, resolved on the node when the miss was found.
+    message: String,
+}
+
+impl fmt::Display for Unfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a container's GPUs must be under `nvidia.com/numa-bind` when too few fit on one node.
+const NUMA_WORDS: &str = "that fit on one NUMA node (nvidia.com/numa-bind)";
+
+/// What a GPU must be for a pod when cordons leave too few.
+const CORDON_WORDS: &str = "outside the cordon (node annotation hami.io/device-cordon)";
+
+/// What a GPU must be for a pod when exclusive slices leave too few.
+fn exclusive_words(wants_exclusive: bool, mutex: bool) -> &'static str {
+    match (wants_exclusive, mutex) {
+        (true, false) => "idle (gpucores 100 needs a whole card)",
+        (true, true) => "idle (the mutex policy needs a GPU nothing else uses)",
+        (false, _) => "free of an exclusive pod (gpucores 100 or mutex)",
+    }
+}
+
+/// Why a container fits no GPUs of a node, as positions into the node's GPUs instead of names:
+/// what [`score_buf`] returns, cheap to make for every failing node. [`write_miss`] writes its
+/// words; [`Miss::to_unfit`] keeps them beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss {
+    /// Position of the container in [`PodRequest::containers`].
+    pub container: usize,
+    /// Why.
+    pub why: MissReason,
+}
+
+/// Why a container fits no set of GPUs on a node: the first check, in the order the module
+/// documentation lists them, that left fewer GPUs than the container needs. GPUs are named by
+/// position in the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissReason {
     /// The node has no GPU in its inventory.
     NoGpus,
     /// Too few healthy NVIDIA GPUs.
@@ -19,16 +61,10 @@ pub enum UnfitReason {
         /// GPUs left.
         left: usize,
     },
-    /// Too few GPUs of an allowed type.
+    /// Too few GPUs of an allowed type (`use-gputype`, `nouse-gputype`).
     Type {
         /// GPUs left.
         left: usize,
-        /// `use-gputype`, joined.
-        want: String,
-        /// `nouse-gputype`, joined.
-        refuse: String,
-        /// The models the node has, distinct, in inventory order.
-        models: Vec<String>,
     },
     /// Too few GPUs with an allowed UUID.
     Uuid {
@@ -55,8 +91,8 @@ pub enum UnfitReason {
         left: usize,
         /// Cores asked per GPU.
         want: u32,
-        /// The most cores free on one candidate GPU, and its UUID.
-        best: Option<(u32, String)>,
+        /// The most cores free on one candidate GPU, and its position.
+        best: Option<(u32, usize)>,
     },
     /// Too few GPUs with the requested memory free.
     Memory {
@@ -66,8 +102,8 @@ pub enum UnfitReason {
         want_mib: u64,
         /// The percentage asked, when the request is a percentage.
         percent: Option<u32>,
-        /// The most MiB free on one candidate GPU, and its UUID.
-        best: Option<(u64, String)>,
+        /// The most MiB free on one candidate GPU, and its position.
+        best: Option<(u64, usize)>,
     },
     /// Enough GPUs fit, but too few on any one NUMA node (`nvidia.com/numa-bind`).
     Numa {
@@ -76,225 +112,26 @@ pub enum UnfitReason {
     },
 }
 
-/// A container that fits no GPUs of a node, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unfit {
-    /// The container.
-    pub container: String,
-    /// GPUs it asks for.
-    pub gpus: u32,
-    /// Why.
-    pub reason: UnfitReason,
-    /// Whether the pod has more than one vGPU container (then messages name the container).
-    pub several: bool,
-}
-
-impl fmt::Display for Unfit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.several {
-            write!(f, "container {:?}: ", self.container)?;
-        }
-        let n = self.gpus;
-        // "no GPU with X" for one GPU, "2 GPUs with X needed, 1 has it" for several.
-        let lead = |f: &mut fmt::Formatter<'_>, what: &str, left: usize| {
-            if n <= 1 || left == 0 {
-                write!(f, "no GPU {what}")
-            } else {
-                write!(f, "{n} GPUs {what} needed, only {left}")
-            }
-        };
-        match &self.reason {
-            UnfitReason::NoGpus => write!(f, "no GPUs in the node's inventory"),
-            UnfitReason::Unhealthy { usable } => {
-                if *usable == 0 {
-                    write!(f, "no healthy GPU")
-                } else {
-                    write!(f, "{n} healthy GPUs needed, only {usable}")
-                }
-            }
-            UnfitReason::Type {
-                left,
-                want,
-                refuse,
-                models,
-            } => {
-                let mut what = String::new();
-                if !want.is_empty() {
-                    what.push_str(&format!("of type {want}"));
-                }
-                if !refuse.is_empty() {
-                    if !what.is_empty() {
-                        what.push_str(", ");
-                    }
-                    what.push_str(&format!("not of type {refuse}"));
-                }
-                lead(f, &what, *left)?;
-                write!(f, " (node has {})", models.join(", "))
-            }
-            UnfitReason::Cordoned { left } => lead(f, CORDON_WORDS, *left),
-            UnfitReason::Uuid { left } => lead(f, "with an allowed UUID", *left),
-            UnfitReason::Split { left } => lead(f, "below its split count", *left),
-            UnfitReason::Exclusive {
-                left,
-                wants_exclusive,
-                mutex,
-            } => lead(f, exclusive_words(*wants_exclusive, *mutex), *left),
-            UnfitReason::Cores { left, want, best } => {
-                lead(f, &format!("with {want}% cores free"), *left)?;
-                match best {
-                    Some((c, uuid)) => write!(f, " (most {c}% on {uuid})"),
-                    None => Ok(()),
-                }
-            }
-            UnfitReason::Memory {
-                left,
-                want_mib,
-                percent,
-                best,
-            } => {
-                let what = match percent {
-                    Some(p) => format!("with {p}% memory ({want_mib} MiB) free"),
-                    None => format!("with {want_mib} MiB free"),
-                };
-                lead(f, &what, *left)?;
-                match best {
-                    Some((m, uuid)) => write!(f, " (largest {m} MiB on {uuid})"),
-                    None => Ok(()),
-                }
-            }
-            UnfitReason::Numa { left } => lead(f, NUMA_WORDS, *left),
-        }
-    }
-}
-
-/// What a container's GPUs must be under `nvidia.com/numa-bind` when too few fit on one node.
-pub(super) const NUMA_WORDS: &str = "that fit on one NUMA node (nvidia.com/numa-bind)";
-
-/// What a GPU must be for a pod when cordons leave too few.
-pub(super) const CORDON_WORDS: &str = "outside the cordon (node annotation hami.io/device-cordon)";
-
-/// What a GPU must be for a pod when exclusive slices leave too few.
-pub(super) fn exclusive_words(wants_exclusive: bool, mutex: bool) -> &'static str {
-    match (wants_exclusive, mutex) {
-        (true, false) => "idle (gpucores 100 needs a whole card)",
-        (true, true) => "idle (the mutex policy needs a GPU nothing else uses)",
-        (false, _) => "free of an exclusive pod (gpucores 100 or mutex)",
-    }
-}
-
-/// Why a container fits no GPUs of a node, as positions into the node's GPUs instead of names:
-/// what [`score_buf`] returns, cheap to make for every failing node. [`write_miss`] writes the
-/// same words as [`Unfit`]'s `Display`; [`Miss::to_unfit`] gives the [`Unfit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Miss {
-    /// Position of the container in [`PodRequest::containers`].
-    pub container: usize,
-    /// Why.
-    pub why: MissReason,
-}
-
-/// [`UnfitReason`] without names (GPUs by position in the node).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum MissReason {
-    NoGpus,
-    Unhealthy {
-        usable: usize,
-    },
-    Cordoned {
-        left: usize,
-    },
-    Type {
-        left: usize,
-    },
-    Uuid {
-        left: usize,
-    },
-    Split {
-        left: usize,
-    },
-    Exclusive {
-        left: usize,
-        wants_exclusive: bool,
-        mutex: bool,
-    },
-    Cores {
-        left: usize,
-        want: u32,
-        best: Option<(u32, usize)>,
-    },
-    Memory {
-        left: usize,
-        want_mib: u64,
-        percent: Option<u32>,
-        best: Option<(u64, usize)>,
-    },
-    Numa {
-        left: usize,
-    },
-}
-
 /// Positions of the first GPU of each distinct model, in inventory order.
-pub(super) fn distinct_models<S: GpuSet + ?Sized>(node: &S) -> impl Iterator<Item = usize> + '_ {
+fn distinct_models<S: GpuSet + ?Sized>(node: &S) -> impl Iterator<Item = usize> + '_ {
     (0..node.len()).filter(move |&i| (0..i).all(|j| !node.same_model(j, i)))
 }
 
 impl Miss {
-    /// The [`Unfit`] this stands for, names resolved on `node`.
+    /// This miss with its words, names resolved on `node`.
     pub fn to_unfit<S: GpuSet + ?Sized>(&self, node: &S, pod: &PodRequest) -> Unfit {
-        let c = &pod.containers[self.container];
-        let reason = match self.why {
-            MissReason::NoGpus => UnfitReason::NoGpus,
-            MissReason::Unhealthy { usable } => UnfitReason::Unhealthy { usable },
-            MissReason::Cordoned { left } => UnfitReason::Cordoned { left },
-            MissReason::Type { left } => UnfitReason::Type {
-                left,
-                want: pod.filter.use_types.joined(),
-                refuse: pod.filter.nouse_types.joined(),
-                models: distinct_models(node)
-                    .map(|i| node.model(i).to_string())
-                    .collect(),
-            },
-            MissReason::Uuid { left } => UnfitReason::Uuid { left },
-            MissReason::Split { left } => UnfitReason::Split { left },
-            MissReason::Exclusive {
-                left,
-                wants_exclusive,
-                mutex,
-            } => UnfitReason::Exclusive {
-                left,
-                wants_exclusive,
-                mutex,
-            },
-            MissReason::Cores { left, want, best } => UnfitReason::Cores {
-                left,
-                want,
-                best: best.map(|(c, i)| (c, node.uuid(i).to_string())),
-            },
-            MissReason::Memory {
-                left,
-                want_mib,
-                percent,
-                best,
-            } => UnfitReason::Memory {
-                left,
-                want_mib,
-                percent,
-                best: best.map(|(m, i)| (m, node.uuid(i).to_string())),
-            },
-            MissReason::Numa { left } => UnfitReason::Numa { left },
-        };
+        let mut message = String::new();
+        // Writing into a String does not fail.
+        let _ = write_miss(&mut message, node, pod, self);
         Unfit {
-            container: c.name.clone(),
-            gpus: c.request.gpus,
-            reason,
-            several: pod.containers.len() > 1,
+            miss: *self,
+            message,
         }
     }
 }
 
-/// Writes the message for `miss` on `node`: the same words as the `Display` of
-/// [`Miss::to_unfit`], without building it.
+/// Writes the message for `miss` on `node`: "no GPU with X" when the container asks for one GPU,
+/// "2 GPUs with X needed, only 1" for several, and what the node offers where that helps.
 pub fn write_miss<S: GpuSet + ?Sized, W: fmt::Write + ?Sized>(
     f: &mut W,
     node: &S,

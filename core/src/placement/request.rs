@@ -35,10 +35,6 @@ impl NameList {
     pub(super) fn any_equal(&self, s: &str) -> bool {
         self.0.iter().any(|t| t.eq_ignore_ascii_case(s))
     }
-
-    pub(super) fn joined(&self) -> String {
-        self.0.join(",")
-    }
 }
 
 /// Which GPUs a pod may use, from its annotations.

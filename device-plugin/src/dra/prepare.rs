@@ -14,8 +14,8 @@ use super::api_v1 as v1;
 use super::api_v1beta1 as v1beta1;
 use super::{cdi, claims, slices};
 use crate::allocate::Runtime;
-use crate::metrics::AllocationRecord;
 use crate::plugin::Shared;
+use crate::records::AllocationRecord;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -275,7 +275,7 @@ impl Dra {
                 devices: s.devices.iter().map(|(_, d)| d.clone()).collect(),
             };
             let answer = crate::plugin::materialise(host_dir, &c.uid, &container, &runtime)?;
-            crate::metrics::record(
+            crate::records::record(
                 host_dir,
                 &AllocationRecord {
                     uid: c.uid.clone(),
@@ -354,7 +354,7 @@ impl Dra {
         }
         cdi::remove(&self.settings.cdi_dir, uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
-        crate::metrics::forget_owner(&self.shared.settings.host_dir, uid);
+        crate::records::forget_owner(&self.shared.settings.host_dir, uid);
         match std::fs::remove_file(self.checkpoint_path(uid)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(format!("removing the checkpoint: {e}"))

@@ -23,12 +23,11 @@ use vgpu_core::request::RequestPolicy;
 
 use crate::cache::{Cluster, FailMemo, StandingMemo};
 use crate::extender::{
-    node_name, push_json_str, push_u32, ArgsView, ExtenderArgs, ExtenderBindingArgs,
-    ExtenderBindingResult, ExtenderFilterResult, HostPriority, HostPriorityList, Name, NodeList,
-    PodView,
+    node_name, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    HostPriority, HostPriorityList, Name, NodeList,
 };
 use crate::metrics::Metrics;
-use crate::pod;
+use crate::pod::{self, PodSource};
 use crate::readiness::Readiness;
 
 /// How the extender decides.
@@ -219,17 +218,8 @@ impl AppState {
         self.readiness.ready()
     }
 
-    fn request(&self, pod: &Pod) -> Result<Option<PodRequest>, pod::PodError> {
+    fn request(&self, pod: &impl PodSource) -> Result<Option<PodRequest>, pod::PodError> {
         pod::pod_request(
-            pod,
-            &self.settings.request_policy,
-            self.settings.node_policy,
-            self.settings.gpu_policy,
-        )
-    }
-
-    fn request_view(&self, pod: &PodView<'_>) -> Result<Option<PodRequest>, pod::PodError> {
-        pod::pod_request_view(
             pod,
             &self.settings.request_policy,
             self.settings.node_policy,
@@ -337,97 +327,89 @@ impl AppState {
         }
     }
 
-    /// The filter verb: which candidate nodes fit the pod, and why the others do not. `now` is
-    /// Unix seconds.
-    pub fn filter(&self, args: &ExtenderArgs, now: u64) -> ExtenderFilterResult {
-        let names = candidates(args);
-        let mut result = ExtenderFilterResult::default();
-        let pass = |result: &mut ExtenderFilterResult, ok: &dyn Fn(&str) -> bool| {
-            if let Some(list) = &args.nodes {
-                result.nodes = Some(NodeList {
-                    items: list
-                        .items
-                        .iter()
-                        .filter(|n| node_name(n).is_some_and(ok))
-                        .cloned()
-                        .collect(),
-                    ..list.clone_empty()
-                });
-            }
-            if args.nodenames.is_some() || args.nodes.is_none() {
-                result.nodenames = Some(
-                    names
-                        .iter()
-                        .filter(|n| ok(n))
-                        .map(|n| n.to_string())
-                        .collect(),
-                );
-            }
-        };
-        let Some(pod) = &args.pod else {
-            result.error = "extender args carry no Pod (kube-scheduler sends the Go field names Pod, Nodes, NodeNames)".into();
-            return result;
-        };
+    /// The filter's decision, written once for both forms of the call: which of `names` fit the
+    /// pod (with `choose_node`, the best alone), and why the others do not; told to `out` in
+    /// candidate order. `now` is Unix seconds.
+    fn decide_filter<'n>(
+        &self,
+        pod: &impl PodSource,
+        names: &[&'n str],
+        now: u64,
+        out: &mut impl Verdicts<'n>,
+    ) {
         let req = match self.request(pod) {
             Ok(Some(r)) => r,
             // Not a vGPU pod: every node is fine as far as GPUs go.
-            Ok(None) => {
-                pass(&mut result, &|_| true);
-                return result;
-            }
+            Ok(None) => return names.iter().for_each(|n| out.pass(n)),
             // No node can change a malformed request.
             Err(e) => {
-                for n in &names {
-                    result
-                        .failed_and_unresolvable_nodes
-                        .insert(n.to_string(), format!("{n}: {e}"));
+                let mut msg = String::new();
+                for n in names {
+                    use std::fmt::Write;
+                    msg.clear();
+                    let _ = write!(msg, "{n}: {e}");
+                    out.unresolvable(n, &msg);
                 }
-                pass(&mut result, &|_| false);
-                return result;
+                return;
             }
         };
-        let uid = pod.metadata.uid.as_deref();
+        let uid = pod.uid();
         self.release(uid);
         let mut passed: Vec<&str> = Vec::with_capacity(names.len());
         let mut scores: Vec<u32> = Vec::with_capacity(names.len());
         let mut ranks: Vec<i64> = Vec::with_capacity(names.len());
         let mut generation = self.scan(
             &req,
-            &names,
+            names,
             now,
             |n, s| {
                 passed.push(n);
                 scores.push(s.score);
                 ranks.push(s.rank);
             },
-            |n, why| result.failed_nodes.insert(n.to_string(), why.to_string()),
+            |n, why| out.fail(n, why),
         );
         if self.settings.choose_node {
             keep_best(&mut passed, &mut scores, &ranks);
             self.hold(uid, &req, passed.first().copied(), now);
             generation = read(&self.cluster).generation();
         }
-        if let Some(list) = &args.nodes {
-            // `passed` is in list order (the best node alone when choosing).
-            let mut i = 0;
-            let mut items = Vec::with_capacity(passed.len());
-            for item in &list.items {
-                if i < passed.len() && node_name(item) == Some(passed[i]) {
-                    items.push(item.clone());
-                    i += 1;
-                }
-            }
-            result.nodes = Some(NodeList {
-                items,
-                ..list.clone_empty()
-            });
-        } else {
-            result.nodenames = Some(passed.iter().map(|n| n.to_string()).collect());
-        }
-        if let Some(uid) = pod.metadata.uid.as_deref() {
+        passed.iter().for_each(|n| out.pass(n));
+        if let Some(uid) = uid {
             self.remember(uid, Memo::new(req, generation, &passed, scores));
         }
-        result
+    }
+
+    /// The prioritize decision, written once for both forms of the call: a score 0..=10 per
+    /// candidate under the pod's node policy (0 for a pod that asks no vGPU), the pod's last
+    /// filter's scores when it scored exactly these nodes and nothing changed.
+    fn decide_priorities<'n>(
+        &self,
+        pod: &impl PodSource,
+        names: &[&'n str],
+        now: u64,
+        mut out: impl FnMut(&'n str, u32),
+    ) {
+        match self.request(pod) {
+            Ok(Some(req)) => self.priorities(&req, pod.uid(), names, now, out),
+            _ => names.iter().for_each(|n| out(n, 0)),
+        }
+    }
+
+    /// The filter verb over typed arguments: which candidate nodes fit the pod, and why the
+    /// others do not. `now` is Unix seconds.
+    pub fn filter(&self, args: &ExtenderArgs, now: u64) -> ExtenderFilterResult {
+        let Some(pod) = &args.pod else {
+            return ExtenderFilterResult {
+                error: "extender args carry no Pod (kube-scheduler sends the Go field names Pod, Nodes, NodeNames)".into(),
+                ..ExtenderFilterResult::default()
+            };
+        };
+        let _span = tracing::info_span!("filter", pod = %pod.key()).entered();
+        let names = candidates(args);
+        let mut out = TypedVerdicts::default();
+        self.decide_filter(pod, &names, now, &mut out);
+        out.into_result(args)
     }
 
     /// The filter verb from and to JSON, as the HTTP handler serves it: names borrowed from the
@@ -435,161 +417,59 @@ impl AppState {
     /// with whole Node objects (or no pod) are served by [`AppState::filter`]. `Err` is the 400
     /// message for a body that is not `ExtenderArgs`.
     pub fn filter_json(&self, body: &[u8], now: u64) -> Result<Answer, String> {
-        let view: ArgsView<'_> = match serde_json::from_slice(body) {
-            Ok(
-                v @ ArgsView {
-                    pod: Some(_),
-                    nodes: None,
-                    ..
-                },
-            ) => v,
-            _ => return self.filter_whole(body, now),
+        let Some((pod, names)) = lean_args(body) else {
+            let args: ExtenderArgs = serde_json::from_slice(body)
+                .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
+            let r = self.filter(&args, now);
+            return Ok(Answer {
+                error: !r.error.is_empty(),
+                body: serde_json::to_vec(&r).map_err(|e| e.to_string())?,
+            });
         };
-        let Some(pod) = &view.pod else {
-            return self.filter_whole(body, now);
-        };
-        let names: Vec<&str> = view.nodenames.iter().flatten().map(Name::as_str).collect();
-        let mut out = Vec::with_capacity(32 + names.len() * 16);
-        out.extend_from_slice(b"{\"NodeNames\":[");
-        let mut first = true;
-        let mut passing = |out: &mut Vec<u8>, n: &str| {
-            if !std::mem::take(&mut first) {
-                out.push(b',');
-            }
-            push_json_str(out, n);
-        };
-        let mut failed: Vec<u8> = Vec::new();
-        let mut fail = |n: &str, why: &str| {
-            failed.push(if failed.is_empty() { b'{' } else { b',' });
-            push_json_str(&mut failed, n);
-            failed.push(b':');
-            push_json_str(&mut failed, why);
-        };
-        let mut failed_key = "FailedNodes";
-        match self.request_view(pod) {
-            // Not a vGPU pod: every node is fine as far as GPUs go.
-            Ok(None) => names.iter().for_each(|n| passing(&mut out, n)),
-            // No node can change a malformed request.
-            Err(e) => {
-                failed_key = "FailedAndUnresolvableNodes";
-                let mut msg = String::new();
-                for n in &names {
-                    use std::fmt::Write;
-                    msg.clear();
-                    let _ = write!(msg, "{n}: {e}");
-                    fail(n, &msg);
-                }
-            }
-            Ok(Some(req)) => {
-                let mut passed: Vec<&str> = Vec::with_capacity(names.len());
-                let mut scores: Vec<u32> = Vec::with_capacity(names.len());
-                let mut ranks: Vec<i64> = Vec::with_capacity(names.len());
-                self.release(pod.uid());
-                let mut generation = self.scan(
-                    &req,
-                    &names,
-                    now,
-                    |n, s| {
-                        passed.push(n);
-                        scores.push(s.score);
-                        ranks.push(s.rank);
-                    },
-                    &mut fail,
-                );
-                if self.settings.choose_node {
-                    keep_best(&mut passed, &mut scores, &ranks);
-                    self.hold(pod.uid(), &req, passed.first().copied(), now);
-                    generation = read(&self.cluster).generation();
-                }
-                passed.iter().for_each(|n| passing(&mut out, n));
-                if let Some(uid) = pod.uid() {
-                    self.remember(uid, Memo::new(req, generation, &passed, scores));
-                }
-            }
-        }
-        out.push(b']');
-        if !failed.is_empty() {
-            failed.push(b'}');
-            out.extend_from_slice(b",\"");
-            out.extend_from_slice(failed_key.as_bytes());
-            out.extend_from_slice(b"\":");
-            out.extend_from_slice(&failed);
-        }
-        out.push(b'}');
+        let _span = tracing::info_span!("filter", pod = %pod.key()).entered();
+        let names: Vec<&str> = names.iter().map(Name::as_str).collect();
+        let mut out = JsonVerdicts::new(names.len());
+        self.decide_filter(&pod, &names, now, &mut out);
         Ok(Answer {
-            body: out,
+            body: out.finish(),
             error: false,
         })
     }
 
-    fn filter_whole(&self, body: &[u8], now: u64) -> Result<Answer, String> {
-        let args: ExtenderArgs = serde_json::from_slice(body)
-            .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
-        let r = self.filter(&args, now);
-        Ok(Answer {
-            error: !r.error.is_empty(),
-            body: serde_json::to_vec(&r).map_err(|e| e.to_string())?,
-        })
-    }
-
-    /// The prioritize verb: a score 0..=10 per candidate node under the pod's node policy; the
-    /// scores of the pod's last filter when it scored exactly these nodes and nothing changed.
+    /// The prioritize verb over typed arguments.
     pub fn prioritize(&self, args: &ExtenderArgs, now: u64) -> HostPriorityList {
-        let names = candidates(args);
         let Some(pod) = &args.pod else {
             return Vec::new();
         };
+        let _span = tracing::info_span!("prioritize", pod = %pod.key()).entered();
+        let names = candidates(args);
         let mut out = Vec::with_capacity(names.len());
-        let mut push = |n: &str, score: u32| {
+        self.decide_priorities(pod, &names, now, |n, score| {
             out.push(HostPriority {
                 host: n.to_string(),
                 score: i64::from(score),
             })
-        };
-        match self.request(pod) {
-            Ok(Some(req)) => self.priorities(&req, pod.metadata.uid.as_deref(), &names, now, push),
-            _ => names.iter().for_each(|n| push(n, 0)),
-        }
+        });
         out
     }
 
     /// The prioritize verb from and to JSON (see [`AppState::filter_json`]).
     pub fn prioritize_json(&self, body: &[u8], now: u64) -> Result<Answer, String> {
-        let view: ArgsView<'_> = match serde_json::from_slice(body) {
-            Ok(
-                v @ ArgsView {
-                    pod: Some(_),
-                    nodes: None,
-                    ..
-                },
-            ) => v,
-            _ => {
-                let args: ExtenderArgs = serde_json::from_slice(body)
-                    .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
-                return Ok(Answer {
-                    body: serde_json::to_vec(&self.prioritize(&args, now))
-                        .map_err(|e| e.to_string())?,
-                    error: false,
-                });
-            }
+        let Some((pod, names)) = lean_args(body) else {
+            let args: ExtenderArgs = serde_json::from_slice(body)
+                .map_err(|e| format!("body is not ExtenderArgs JSON: {e}"))?;
+            return Ok(Answer {
+                body: serde_json::to_vec(&self.prioritize(&args, now))
+                    .map_err(|e| e.to_string())?,
+                error: false,
+            });
         };
-        let names: Vec<&str> = view.nodenames.iter().flatten().map(Name::as_str).collect();
-        let mut out = Vec::with_capacity(2 + names.len() * 32);
-        out.push(b'[');
-        let mut push = |n: &str, score: u32| {
-            if out.len() > 1 {
-                out.push(b',');
-            }
-            out.extend_from_slice(b"{\"Host\":");
-            push_json_str(&mut out, n);
-            out.extend_from_slice(b",\"Score\":");
-            push_u32(&mut out, score);
-            out.push(b'}');
-        };
-        match view.pod.as_ref().map(|p| (p, self.request_view(p))) {
-            Some((pod, Ok(Some(req)))) => self.priorities(&req, pod.uid(), &names, now, push),
-            _ => names.iter().for_each(|n| push(n, 0)),
-        }
+        let _span = tracing::info_span!("prioritize", pod = %pod.key()).entered();
+        let names: Vec<&str> = names.iter().map(Name::as_str).collect();
+        let mut out = answer::json_priorities(names.len());
+        self.decide_priorities(&pod, &names, now, |n, score| {
+            answer::push_priority(&mut out, n, score)
+        });
         out.push(b']');
         Ok(Answer {
             body: out,
@@ -772,6 +652,39 @@ async fn prioritize(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
 }
 
+/// `POST /dra/prioritize`: kube-scheduler's prioritize verb for DRA pods (every pod of vgpu's
+/// profile reaches it; pods without a pending claim of our class get 0 everywhere), scored by
+/// [`crate::claim_score`].
+async fn dra_prioritize(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let args: ExtenderArgs = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            s.metrics
+                .call("dra-prioritize", "bad-request", started.elapsed());
+            return bad_request(format!("body is not ExtenderArgs JSON: {e}"));
+        }
+    };
+    let names = candidates(&args);
+    let scores = match (&args.pod, s.dra.get()) {
+        (Some(pod), Some(dra)) => {
+            let _span = tracing::info_span!("dra-prioritize", pod = %pod.key()).entered();
+            dra.scores(pod, &names, read(&s.cluster).typical_pods())
+        }
+        _ => vec![0; names.len()],
+    };
+    let out: HostPriorityList = names
+        .iter()
+        .zip(scores)
+        .map(|(n, score)| HostPriority {
+            host: n.to_string(),
+            score: i64::from(score),
+        })
+        .collect();
+    s.metrics.call("dra-prioritize", "ok", started.elapsed());
+    Json(out).into_response()
+}
+
 async fn bind(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
     let args: ExtenderBindingArgs = match serde_json::from_slice(&body) {
@@ -820,7 +733,7 @@ pub fn extender_app(state: Arc<AppState>) -> Router {
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
-        .route("/dra/prioritize", post(crate::claim_score::prioritize))
+        .route("/dra/prioritize", post(dra_prioritize))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -853,6 +766,9 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state)
 }
+
+mod answer;
+use answer::{lean_args, JsonVerdicts, TypedVerdicts, Verdicts};
 
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,9 @@
 //! and in DRA mode the ResourceClaims of class `gpu.vgpu.io` (each counted like a pod: the quota
 //! counts what a namespace's pods and claims hold together).
 //!
-//! Each is fed by a kube-runtime watcher (LIST, then WATCH from its resourceVersion, re-LIST on
-//! 410 Gone), whose `Init … InitDone` sequence replaces the cached set atomically. A watcher error
+//! Each is a [`Feed`] of the services' one watch loop ([`vgpu_serve::watch`]: a kube-runtime
+//! watcher, LIST, then WATCH from its resourceVersion, re-LIST on 410 Gone), whose
+//! `Init … InitDone` sequence replaces the cached set atomically. A watcher error
 //! after the cache was complete marks it *unsynced* and restarts the watcher, so the cache is
 //! rebuilt from a fresh LIST, as client-go's reflector re-lists after a failed watch: kube-runtime
 //! re-watches from its last version without telling when that succeeded, so only a new
@@ -13,10 +14,8 @@
 //! timeout, or a connection cut mid-stream, which kube-rs reads as a resumable end) is no error:
 //! the watcher re-watches from its version and misses nothing.
 
-use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +24,7 @@ use std::time::{Duration, Instant};
 use vgpu_core::annotations::{MANAGED_SELECTOR, NODE_DEVICES};
 use vgpu_core::inventory::NodeInventory;
 use vgpu_core::request::RequestPolicy;
+use vgpu_serve::watch::{watch_forever, Feed};
 
 use super::quota::Quota;
 use super::usage::{is_terminal, pod_usage, PodUsage};
@@ -637,14 +637,6 @@ fn apply_namespaced<T>(
     }
 }
 
-/// Pause before a watcher that failed after its cache was complete starts over with a LIST; it
-/// doubles on each restart up to [`RESTART_MAX`], and is back to this after a run that stayed
-/// healthy for [`RESTART_RESET`]. (Failures of the LIST itself are retried by kube-runtime's own
-/// backoff, 0.8 s doubling to 30 s.)
-const RESTART_MIN: Duration = Duration::from_millis(250);
-const RESTART_MAX: Duration = Duration::from_secs(30);
-const RESTART_RESET: Duration = Duration::from_secs(60);
-
 /// Runs one watcher forever, handing each change to `apply`. Objects are not kept here: `apply`
 /// reduces them to the few fields a decision reads, which keeps 20 000 pods small.
 async fn run_watcher(
@@ -655,75 +647,60 @@ async fn run_watcher(
     cache: Arc<ClusterCache>,
     set_synced: fn(&ClusterCache, bool),
 ) {
-    let mut pause = RESTART_MIN;
-    loop {
-        let started = Instant::now();
-        watch_until_failure(&api, &config, what, &apply, &cache, set_synced).await;
-        pause = if started.elapsed() > RESTART_RESET {
-            RESTART_MIN
-        } else {
-            (pause * 2).min(RESTART_MAX)
-        };
-        // Not a test sleep: the backoff between two full LISTs of a failing watch.
-        tokio::time::sleep(pause).await;
-    }
+    let feed = Changes {
+        what,
+        apply,
+        cache,
+        set_synced,
+        pending: Vec::new(),
+    };
+    watch_forever(api, config, what, feed).await
 }
 
-/// One watcher from a fresh LIST until it fails after its cache was complete (the cache is then
-/// unsynced and the caller starts over) or its stream ends.
-async fn watch_until_failure(
-    api: &Api<DynamicObject>,
-    config: &watcher::Config,
+/// A cache's feed: each object slimmed at once (the full object is dropped before the next page
+/// of a LIST arrives), a LIST handed over whole as [`Change::Replace`].
+struct Changes<F> {
     what: &'static str,
-    apply: &(impl Fn(Change<'_>) + Send + 'static),
-    cache: &ClusterCache,
+    apply: F,
+    cache: Arc<ClusterCache>,
     set_synced: fn(&ClusterCache, bool),
-) {
-    let mut pending: Option<Vec<(Key, Value)>> = None;
-    let mut complete = false;
-    let mut stream = watcher::watcher(api.clone(), config.clone())
-        .default_backoff()
-        .boxed();
-    let key = |o: &DynamicObject| {
-        (
-            o.metadata.namespace.clone().unwrap_or_default(),
-            o.metadata.name.clone().unwrap_or_default(),
-        )
-    };
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => pending = Some(Vec::new()),
-            Ok(Event::InitApply(o)) => {
-                if let Some(p) = pending.as_mut() {
-                    let k = key(&o);
-                    // Reduce at once: the full object is dropped before the next page arrives.
-                    p.push((k, slim(to_value(&o))));
-                }
-            }
-            Ok(Event::InitDone) => {
-                let all = pending.take().unwrap_or_default();
-                apply(Change::Replace(&all));
-                set_synced(cache, true);
-                cache.clear_trouble(what);
-                complete = true;
-                tracing::info!(resource = what, objects = all.len(), "cache synced");
-            }
-            Ok(Event::Apply(o)) => apply(Change::Apply(&key(&o), &slim(to_value(&o)))),
-            Ok(Event::Delete(o)) => apply(Change::Delete(&key(&o))),
-            Err(e) if complete => {
-                // Events may have been missed: decisions LIST afresh until the next complete LIST.
-                set_synced(cache, false);
-                cache.note_trouble(what, e.to_string());
-                tracing::warn!(resource = what, error = %e, "watch failed; cache marked unsynced, re-listing");
-                return;
-            }
-            Err(e) => {
-                // The LIST (or the first watch) failed: kube-runtime retries it with backoff.
-                if cache.trouble_known(what) {
-                    cache.note_trouble(what, e.to_string());
-                }
-                tracing::warn!(resource = what, error = %e, "listing failed; retrying");
-            }
+    pending: Vec<(Key, Value)>,
+}
+
+fn key(o: &DynamicObject) -> Key {
+    (
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+impl<F: Fn(Change<'_>) + Send> Feed<DynamicObject> for Changes<F> {
+    fn relist(&mut self) {
+        self.pending.clear();
+    }
+    fn listed(&mut self, o: DynamicObject) {
+        self.pending.push((key(&o), slim(to_value(&o))));
+    }
+    fn synced(&mut self) {
+        let all = std::mem::take(&mut self.pending);
+        (self.apply)(Change::Replace(&all));
+        (self.set_synced)(&self.cache, true);
+        self.cache.clear_trouble(self.what);
+    }
+    fn applied(&mut self, o: DynamicObject) {
+        (self.apply)(Change::Apply(&key(&o), &slim(to_value(&o))));
+    }
+    fn deleted(&mut self, o: DynamicObject) {
+        (self.apply)(Change::Delete(&key(&o)));
+    }
+    fn failed(&mut self, error: &watcher::Error, complete: bool) {
+        if complete {
+            // Events may have been missed: decisions LIST afresh until the next complete LIST.
+            (self.set_synced)(&self.cache, false);
+            self.cache.note_trouble(self.what, error.to_string());
+        } else if self.cache.trouble_known(self.what) {
+            // The LIST (or the first watch) failed: kube-runtime retries it with backoff.
+            self.cache.note_trouble(self.what, error.to_string());
         }
     }
 }
