@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::claims::Stores;
 use vgpu_core::dra::{CLASS, CORES, MEMORY, UNHEALTHY_TAINT};
-use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::placement::live::LiveFrag;
 use vgpu_core::quantity::parse_integer;
 
 /// Per mille: a GPU's free share and a share's size are counted in thousandths of the card.

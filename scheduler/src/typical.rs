@@ -17,8 +17,9 @@
 use serde::Deserialize;
 use std::path::Path;
 use thiserror::Error;
-use vgpu_core::placement::frag::{typical_pods, LiveFrag, ModelMask, PodShape};
+use vgpu_core::placement::frag::{typical_pods, ModelMask, PodShape};
 use vgpu_core::placement::host::PodKind;
+use vgpu_core::placement::live::LiveFrag;
 use vgpu_core::quantity::parse_ceil;
 
 /// Coverage of the typical-pod table, percent of the count (FGD's popularity threshold).

@@ -5,7 +5,7 @@
 //! unusable part of each GPU's gap at the LP prices of the trace's share sizes, fillers by CPU and
 //! memory), here over the trace's own pod kinds with their model lists and prices solved from the
 //! exact pod counts. The live extender's `gap-aware` policy computes the same measure through
-//! [`vgpu_core::placement::frag::LiveFrag`] (the simulator's `ours-live`), from the pods it
+//! [`vgpu_core::placement::live::LiveFrag`] (the simulator's `ours-live`), from the pods it
 //! watches and without model lists.
 //!
 //! Score = `round((M_before - M_after) / 300)`: moves whose gradients round to the same 300

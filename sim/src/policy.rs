@@ -8,8 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use vgpu_core::placement::frag::{fgd_score, FragTable, LiveFrag, MILLI};
+use vgpu_core::placement::frag::{fgd_score, FragTable, MILLI};
 use vgpu_core::placement::host::HostRequest;
+use vgpu_core::placement::live::LiveFrag;
 
 pub use crate::node::{GpuPick, NodeState};
 use crate::workload::{PodClass, Trace};

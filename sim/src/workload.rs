@@ -86,7 +86,7 @@ pub struct Trace {
     pub ours: crate::ours::Ours,
     /// The live extender's table for `fgd-live` and `ours-live`: the same typical pods (GPU
     /// shape only) and the host terms of the trace's pod kinds without model lists.
-    pub live: vgpu_core::placement::frag::LiveFrag,
+    pub live: vgpu_core::placement::live::LiveFrag,
 }
 
 impl Trace {
@@ -128,7 +128,7 @@ impl Trace {
         let ours = crate::ours::Ours::new(&class_counts, TYPICAL_POPULARITY_PCT);
         // What the extender learns from the pods it watches: shapes with their GPU-type lists,
         // CPU and memory requests.
-        let live = vgpu_core::placement::frag::LiveFrag::new(&typical).with_host(
+        let live = vgpu_core::placement::live::LiveFrag::new(&typical).with_host(
             crate::ours::sorted_kinds(class_counts.iter().map(|(c, &n)| (*c, n))),
             TYPICAL_POPULARITY_PCT,
         );

@@ -11,6 +11,7 @@ mod helm;
 mod hook;
 mod hostile;
 mod images;
+mod layout;
 mod metrics;
 mod python;
 mod scheduler;

@@ -44,6 +44,7 @@
 pub mod frag;
 pub mod gaps;
 pub mod host;
+pub mod live;
 
 use std::fmt;
 

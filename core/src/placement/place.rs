@@ -74,7 +74,7 @@ pub fn place_scored(
 pub fn place_scored_with<S: GpuSet + ?Sized>(
     node: &S,
     pod: &PodRequest,
-    frag: Option<&frag::LiveFrag>,
+    frag: Option<&live::LiveFrag>,
 ) -> Result<(Vec<ContainerAssignment>, u32), Unfit> {
     let mut out = Vec::with_capacity(pod.containers.len());
     let mut buf = PlaceBuf::default();
@@ -121,7 +121,7 @@ pub fn score_buf<S: GpuSet + ?Sized>(
     node: &S,
     pod: &PodRequest,
     buf: &mut PlaceBuf,
-    frag: Option<&frag::LiveFrag>,
+    frag: Option<&live::LiveFrag>,
 ) -> Result<u32, Miss> {
     standing_buf(node, pod, buf, frag).map(|s| s.score)
 }
@@ -131,7 +131,7 @@ pub fn standing_buf<S: GpuSet + ?Sized>(
     node: &S,
     pod: &PodRequest,
     buf: &mut PlaceBuf,
-    frag: Option<&frag::LiveFrag>,
+    frag: Option<&live::LiveFrag>,
 ) -> Result<Standing, Miss> {
     // The table is only read under `fragmentation` or `gap-aware` (the cluster hands it over
     // whenever it knows a GPU pod).
@@ -370,7 +370,7 @@ pub(super) fn place_core<S: GpuSet + ?Sized>(
     pod: &PodRequest,
     buf: &mut PlaceBuf,
     mut record: Option<&mut Vec<ContainerAssignment>>,
-    frag: Option<&frag::LiveFrag>,
+    frag: Option<&live::LiveFrag>,
 ) -> Result<Standing, Miss> {
     let PlaceBuf {
         hot,
@@ -571,7 +571,7 @@ pub(super) fn place_core<S: GpuSet + ?Sized>(
         (Policy::GapAware, Some(t)) => {
             let step = t.gap_node_step(gpus, scratch, host, frag_before, frag_after);
             return Ok(Standing {
-                score: frag::LiveFrag::gap_score_of_step(step),
+                score: live::LiveFrag::gap_score_of_step(step),
                 rank: step,
             });
         }

@@ -14,7 +14,7 @@ pub enum Policy {
     /// Fragmentation-aware (FGD, "Beware of Fragmentation", ATC'23): as a node policy, nodes
     /// whose fragmentation against the typical pods grows least score highest; as a GPU policy, a
     /// one-GPU pod takes the GPU that leaves its node least fragmented. Needs a typical-pod table
-    /// ([`frag::LiveFrag`]); without one it acts as `binpack`.
+    /// ([`live::LiveFrag`]); without one it acts as `binpack`.
     Fragmentation,
     /// `fragmentation` plus what each GPU's gap is still worth ([`gaps`]): the node measure adds
     /// the unusable part of every GPU's free share at LP prices of the typical share sizes, so a

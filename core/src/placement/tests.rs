@@ -655,9 +655,9 @@ fn every_miss_has_its_words() {
     assert_eq!(written, expected);
 }
 
-fn frag_table(shapes: &[(u32, u32, u64)]) -> frag::LiveFrag {
+fn frag_table(shapes: &[(u32, u32, u64)]) -> live::LiveFrag {
     use frag::{typical_pods, ModelMask, PodShape};
-    frag::LiveFrag::new(&typical_pods(
+    live::LiveFrag::new(&typical_pods(
         shapes.iter().map(|&(milli, num, count)| {
             (
                 PodShape {
@@ -724,7 +724,7 @@ fn fragmentation_policy_keeps_room_for_typical_pods() {
     assert_eq!(score_buf(&tight, &p, &mut buf, Some(&t)), Ok(s_tight));
     assert!(s_idle <= MAX_SCORE);
     assert!(t.fragmentation(&[1000, 450]) > t.fragmentation(&[1000, 500]));
-    assert!(!t.is_empty() && frag::LiveFrag::default().is_empty());
+    assert!(!t.is_empty() && live::LiveFrag::default().is_empty());
 }
 
 /// One card of 1000 MiB and 100 cores with `used` milli-GPU taken (memory and cores alike), so
@@ -818,12 +818,12 @@ fn gap_measure_and_steps() {
     // A 40 % pod into a 60 % gap loses the 60 % pod's whole card: 8000 milli, 27 steps down.
     let step = t.gap_step(t.gap_measure(&[600], None), &[600], &[200], None);
     assert!(step <= -20, "{step}");
-    assert_eq!(frag::LiveFrag::gap_score_of_step(step), 0);
+    assert_eq!(live::LiveFrag::gap_score_of_step(step), 0);
     // Into a free card: lossless.
     let step = t.gap_step(t.gap_measure(&[1000], None), &[1000], &[600], None);
     assert_eq!(step, 0);
-    assert_eq!(frag::LiveFrag::gap_score_of_step(step), 5);
-    assert_eq!(frag::LiveFrag::gap_score_of_step(40), MAX_SCORE);
+    assert_eq!(live::LiveFrag::gap_score_of_step(step), 5);
+    assert_eq!(live::LiveFrag::gap_score_of_step(40), MAX_SCORE);
     // Whole cards carry no constant; a size outside the table is valued as a gap of its size.
     assert_eq!(t.gap_constant(&[1000, 1000], &[0, 1000]), 0.0);
     assert!((g.move_constant(400) + 8.0 * 400.0).abs() < 1e-6);

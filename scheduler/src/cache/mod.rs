@@ -19,8 +19,9 @@ use std::cell::OnceCell;
 
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
-use vgpu_core::placement::frag::{typical_pods, LiveFrag, ModelMask, PodShape};
+use vgpu_core::placement::frag::{typical_pods, ModelMask, PodShape};
 use vgpu_core::placement::host::{HostLeft, HostRequest, PodKind};
+use vgpu_core::placement::live::LiveFrag;
 use vgpu_core::placement::{
     self, Gpu, GpuFilter, GpuHot, GpuSet, Miss, NameList, NodeGpus, PlaceBuf, PodRequest, Standing,
 };

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vgpu_core::annotations::ASSIGNMENT;
 use vgpu_core::exposition;
-use vgpu_core::placement::frag::LiveFrag;
+use vgpu_core::placement::live::LiveFrag;
 use vgpu_core::placement::{PlaceBuf, PodRequest, Policy, Standing};
 use vgpu_core::request::RequestPolicy;
 

@@ -27,18 +27,7 @@ use vgpu_core::request::RequestPolicy;
 use vgpu_serve::watch::{watch_forever, Feed};
 
 use super::quota::Quota;
-use super::usage::{is_terminal, pod_usage, PodUsage};
-
-/// One vGPU pod as cached: its identity and what it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedPod {
-    /// metadata.name.
-    pub name: String,
-    /// metadata.uid.
-    pub uid: String,
-    /// What it holds.
-    pub usage: PodUsage,
-}
+use super::usage::{is_terminal, pod_usage, CachedPod};
 
 /// Per-namespace maps, swapped whole at the end of a LIST.
 type ByNamespace<T> = HashMap<String, Vec<T>>;

@@ -27,8 +27,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::quota::{self, Exceeded, Quota};
-use super::usage::{Amounts, PodUsage};
-use crate::validate::cache::CachedPod;
+use super::usage::{Amounts, CachedPod, PodUsage};
 
 /// Key of the ledger in the ConfigMap's data.
 pub const DATA_KEY: &str = "reservations";

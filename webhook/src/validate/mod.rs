@@ -804,7 +804,7 @@ impl Validator {
         client: &kube::Client,
         namespace: &str,
         largest: u64,
-    ) -> Result<Vec<cache::CachedPod>, kube::Error> {
+    ) -> Result<Vec<usage::CachedPod>, kube::Error> {
         if self.cache.pods_synced() {
             return Ok(self.cache.pods(namespace));
         }

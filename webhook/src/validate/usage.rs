@@ -13,6 +13,17 @@ use vgpu_core::request::{Memory, RequestPolicy, VgpuRequest};
 
 use crate::pod::{self, ShapeError};
 
+/// One vGPU pod as cached: its identity and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedPod {
+    /// metadata.name.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// What it holds.
+    pub usage: PodUsage,
+}
+
 /// Cores of a slice with no core limit: it may use the whole card, so it counts as 100.
 pub const UNLIMITED_CORES_COUNT_AS: u64 = 100;
 
