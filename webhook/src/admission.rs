@@ -128,6 +128,20 @@ impl AdmissionRequest {
         check_review(serde_json::from_slice(body).map_err(ReviewError::Json)?)
     }
 
+    /// Whether the request is for a Pod of the core group (not one of its subresources).
+    pub fn is_pod(&self) -> bool {
+        self.kind.kind == "Pod" && self.kind.group.is_empty() && self.sub_resource.is_none()
+    }
+
+    /// The object of a CREATE that the handler decides (`handled`: the kind is its own), or why
+    /// there is nothing to decide ([`NotDecided::answer`] gives the answer).
+    pub fn created(&self, handled: bool) -> Result<&Value, NotDecided> {
+        if !handled || self.operation != "CREATE" || self.sub_resource.is_some() {
+            return Err(NotDecided::Skipped);
+        }
+        self.object.as_ref().ok_or(NotDecided::NoObject)
+    }
+
     /// `metadata.name`, falling back to `metadata.generateName` and then the request's name, for logs.
     pub fn object_name(&self) -> &str {
         let from_pod = self
@@ -141,6 +155,29 @@ impl AdmissionRequest {
                     .or_else(|| m.get("generateName").and_then(Value::as_str))
             });
         from_pod.or(self.name.as_deref()).unwrap_or("")
+    }
+}
+
+/// Why a handler answers a review without deciding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotDecided {
+    /// Not a kind, operation or subresource the handler decides: allowed.
+    Skipped,
+    /// A CREATE without its object: a 400.
+    NoObject,
+}
+
+impl NotDecided {
+    /// The answer to review `uid`, with its one-word label.
+    pub fn answer(self, uid: &str) -> (AdmissionResponse, &'static str) {
+        let allow = AdmissionResponse::allow(uid);
+        match self {
+            NotDecided::Skipped => (allow, "skipped"),
+            NotDecided::NoObject => (
+                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
+                "invalid",
+            ),
+        }
     }
 }
 

@@ -40,21 +40,22 @@ async fn main() -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::new());
     let client = kube_client(settings.kubeconfig.as_deref()).await?;
-    let dra = DraMutator::new(
-        settings.mutate.policy.clone(),
-        settings.mutate.scheduler_name.clone(),
-        client.clone(),
-    );
     if let (Some(client), Some(idle)) = (&client, settings.dra_template_idle) {
         templates::spawn_sweeper(client.clone(), idle);
     }
-    let validator = match client {
+    let validator = match client.clone() {
         Some(client) => Validator::connected(settings.validate.clone(), client, metrics.clone()),
         None => {
             tracing::warn!("no Kubernetes API configured (--kubeconfig, in-cluster or $KUBECONFIG): quota is not enforced and no Events are written; policy rules still apply");
             Validator::offline(settings.validate.clone(), metrics.clone())
         }
     };
+    let dra = DraMutator::new(
+        settings.mutate.policy.clone(),
+        settings.mutate.scheduler_name.clone(),
+        client,
+        validator.cache().clone(),
+    );
     let state = Arc::new(
         AppState::with_validator(settings.mutate.clone(), validator, metrics).with_dra(dra),
     );

@@ -43,10 +43,16 @@ impl AppState {
             policy: mutate.policy.clone(),
             ..ValidateSettings::default()
         };
+        let validator = Validator::offline(settings, metrics.clone());
         AppState {
-            dra: DraMutator::new(mutate.policy.clone(), mutate.scheduler_name.clone(), None),
+            dra: DraMutator::new(
+                mutate.policy.clone(),
+                mutate.scheduler_name.clone(),
+                None,
+                validator.cache().clone(),
+            ),
             mutate,
-            validator: Validator::offline(settings, metrics.clone()),
+            validator,
             metrics,
         }
     }
@@ -58,7 +64,12 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> AppState {
         AppState {
-            dra: DraMutator::new(mutate.policy.clone(), mutate.scheduler_name.clone(), None),
+            dra: DraMutator::new(
+                mutate.policy.clone(),
+                mutate.scheduler_name.clone(),
+                None,
+                validator.cache().clone(),
+            ),
             mutate,
             validator,
             metrics,
@@ -254,17 +265,11 @@ pub fn decide_mutation(
     request: &AdmissionRequest,
     settings: &MutateSettings,
 ) -> (AdmissionResponse, &'static str) {
-    let allow = AdmissionResponse::allow(&request.uid);
-    let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
-    if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
-        return (allow, "skipped");
-    }
-    let Some(pod) = &request.object else {
-        return (
-            allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
-            "invalid",
-        );
+    let pod = match request.created(request.is_pod()) {
+        Ok(pod) => pod,
+        Err(e) => return e.answer(&request.uid),
     };
+    let allow = AdmissionResponse::allow(&request.uid);
     match mutate_pod(pod, settings) {
         Ok(m) if !m.vgpu => (allow, "no-vgpu"),
         Ok(m) if m.patch.0.is_empty() => (allow.with_warnings(m.warnings), "unchanged"),

@@ -338,7 +338,7 @@ impl Dra {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "unprepare failed");
-                    e
+                    e.to_string()
                 }
             };
             out.claims
@@ -348,20 +348,33 @@ impl Dra {
     }
 
     /// Unprepare's work for one claim: everything prepare made for `uid`, gone.
-    pub fn unprepare_one(&self, uid: &str) -> Result<(), String> {
+    pub fn unprepare_one(&self, uid: &str) -> Result<(), UnprepareError> {
         if uid.is_empty() || uid.contains(['/', '.']) {
-            return Err(format!("claim uid {uid:?} is not a uid"));
+            return Err(UnprepareError::NotAUid(uid.to_string()));
         }
-        cdi::remove(&self.settings.cdi_dir, uid)
-            .map_err(|e| format!("removing the CDI spec: {e}"))?;
+        cdi::remove(&self.settings.cdi_dir, uid).map_err(UnprepareError::CdiSpec)?;
         crate::records::forget_owner(&self.shared.settings.host_dir, uid);
         match std::fs::remove_file(self.checkpoint_path(uid)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(format!("removing the checkpoint: {e}"))
+                Err(UnprepareError::Checkpoint(e))
             }
             _ => Ok(()),
         }
     }
+}
+
+/// Why a claim could not be unprepared (the kubelet retries it).
+#[derive(Debug, thiserror::Error)]
+pub enum UnprepareError {
+    /// The kubelet named no uid a claim can have.
+    #[error("claim uid {0:?} is not a uid")]
+    NotAUid(String),
+    /// The claim's CDI spec stays.
+    #[error("removing the CDI spec: {0}")]
+    CdiSpec(#[source] std::io::Error),
+    /// The claim's checkpoint stays.
+    #[error("removing the checkpoint: {0}")]
+    Checkpoint(#[source] std::io::Error),
 }
 
 /// The v1 service.

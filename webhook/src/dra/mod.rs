@@ -7,10 +7,12 @@ pub mod convert;
 pub mod templates;
 
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 use vgpu_core::request::RequestPolicy;
 
 use crate::admission::{AdmissionRequest, AdmissionResponse};
+use crate::validate::cache::ClusterCache;
 use convert::ConvertError;
 
 /// The `/mutate-dra` decision's state.
@@ -19,6 +21,8 @@ pub struct DraMutator {
     policy: RequestPolicy,
     scheduler: String,
     client: Option<kube::Client>,
+    /// The validator's view of the cluster: the published GPUs' sizes come from its slice watch.
+    cache: Arc<ClusterCache>,
 }
 
 impl std::fmt::Debug for DraMutator {
@@ -31,32 +35,29 @@ impl std::fmt::Debug for DraMutator {
 
 impl DraMutator {
     /// A mutator that makes templates through `client` (`None`: refuses vGPU pods, as it could
-    /// not make their templates) and gives pods vgpu's scheduler profile `scheduler`.
+    /// not make their templates), gives pods vgpu's scheduler profile `scheduler`, and reads the
+    /// published GPUs from `cache` (the validator's).
     pub fn new(
         policy: RequestPolicy,
         scheduler: impl Into<String>,
         client: Option<kube::Client>,
+        cache: Arc<ClusterCache>,
     ) -> DraMutator {
         DraMutator {
             policy,
             scheduler: scheduler.into(),
             client,
+            cache,
         }
     }
 
     /// The decision for one review, with its one-word label.
     pub async fn decide(&self, request: &AdmissionRequest) -> (AdmissionResponse, &'static str) {
-        let allow = AdmissionResponse::allow(&request.uid);
-        let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
-        if !is_pod || request.operation != "CREATE" || request.sub_resource.is_some() {
-            return (allow, "skipped");
-        }
-        let Some(pod) = &request.object else {
-            return (
-                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
-                "invalid",
-            );
+        let pod = match request.created(request.is_pod()) {
+            Ok(pod) => pod,
+            Err(e) => return e.answer(&request.uid),
         };
+        let allow = AdmissionResponse::allow(&request.uid);
         let sizes = if convert::needs_card_sizes(pod, &self.policy) {
             match self.card_sizes().await {
                 Ok(s) => s,
@@ -124,24 +125,10 @@ impl DraMutator {
         let Some(client) = &self.client else {
             return Ok(Vec::new());
         };
-        let api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
-            kube::Api::all(client.clone());
-        let lp = kube::api::ListParams::default()
-            .fields(&format!("spec.driver={}", vgpu_core::dra::CLASS));
-        let list = match tokio::time::timeout(Duration::from_secs(2), api.list(&lp)).await {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => return Err(format!("vgpu: the GPUs' sizes (for nvidia.com/gpumem-percentage) cannot be read: {e}")),
-            Err(_) => return Err("vgpu: the GPUs' sizes (for nvidia.com/gpumem-percentage) cannot be read: the Kubernetes API did not answer within 2 s".into()),
-        };
-        let slices: Vec<Value> = list
-            .items
-            .iter()
-            .filter_map(|s| serde_json::to_value(s).ok())
-            .collect();
-        let mut sizes: Vec<u64> = vgpu_core::dra::cards(&slices)
-            .iter()
-            .map(|c| c.memory)
-            .collect();
+        let cards = self.cache.published_cards_or_list(client).await.map_err(|why| {
+            format!("vgpu: the GPUs' sizes (for nvidia.com/gpumem-percentage) cannot be read: {why}")
+        })?;
+        let mut sizes: Vec<u64> = cards.iter().map(|c| c.memory).collect();
         sizes.sort_unstable();
         sizes.dedup();
         Ok(sizes)

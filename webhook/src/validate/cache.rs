@@ -282,6 +282,34 @@ impl ClusterCache {
             .then(|| read(&self.slices).values().flatten().cloned().collect())
     }
 
+    /// The published GPUs of class `gpu.vgpu.io`: the slice watch's when it is whole (a LIST of
+    /// every slice per admission does not scale), else a LIST through `client` (2 s at most).
+    /// `Err` names what could not be read.
+    pub async fn published_cards_or_list(
+        &self,
+        client: &kube::Client,
+    ) -> Result<Vec<vgpu_core::dra::Card>, String> {
+        if let Some(cards) = self.published_cards() {
+            return Ok(cards);
+        }
+        let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
+        let lp = ListParams::default().fields(&format!("spec.driver={}", vgpu_core::dra::CLASS));
+        match tokio::time::timeout(Duration::from_secs(2), api.list(&lp)).await {
+            Ok(Ok(list)) => {
+                let slices: Vec<Value> = list
+                    .items
+                    .iter()
+                    .filter_map(|s| serde_json::to_value(s).ok())
+                    .collect();
+                Ok(vgpu_core::dra::cards(&slices))
+            }
+            Ok(Err(e)) => Err(format!("listing ResourceSlices: {e}")),
+            Err(_) => {
+                Err("listing ResourceSlices: the Kubernetes API did not answer within 2 s".into())
+            }
+        }
+    }
+
     /// Remembers the largest GPU the DRA plugins publish (MiB), beside the node inventory's.
     pub fn note_largest_published_card(&self, mib: u64) {
         write(&self.cards).insert(" ResourceSlices".to_string(), mib);

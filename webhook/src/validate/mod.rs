@@ -233,7 +233,7 @@ impl Validator {
     }
 
     /// The cache (for readiness details and tests).
-    pub fn cache(&self) -> &ClusterCache {
+    pub fn cache(&self) -> &Arc<ClusterCache> {
         &self.cache
     }
 
@@ -264,51 +264,25 @@ impl Validator {
     /// A ResourceClaim or ResourceClaimTemplate ([`claim`]): refused when it asks class
     /// `gpu.vgpu.io` for what no published GPU can give, warned when only unhealthy GPUs can.
     async fn decide_claim(&self, request: &AdmissionRequest) -> Decision {
-        let allow = AdmissionResponse::allow(&request.uid);
         let kind = request.kind.kind.as_str();
         let claim_kind = matches!(kind, "ResourceClaim" | "ResourceClaimTemplate");
-        if !claim_kind || request.operation != "CREATE" || request.sub_resource.is_some() {
-            return (allow, "skipped");
-        }
-        let Some(object) = &request.object else {
-            return (
-                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
-                "invalid",
-            );
+        let object = match request.created(claim_kind) {
+            Ok(object) => object,
+            Err(e) => return e.answer(&request.uid),
         };
+        let allow = AdmissionResponse::allow(&request.uid);
         if !claim::asks_for_us(kind, object) {
             return (allow, "no-vgpu");
         }
-        let cards = match (&self.client, self.cache.published_cards()) {
-            (None, _) => None,
-            // DRA mode: the slice watch's GPUs (a LIST of every slice per claim does not scale).
-            (Some(_), Some(cards)) => Some(cards),
-            (Some(client), None) => {
-                let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
-                    Api::all(client.clone());
-                let lp = kube::api::ListParams::default()
-                    .fields(&format!("spec.driver={}", claim::CLASS));
-                match tokio::time::timeout(Duration::from_secs(2), api.list(&lp)).await {
-                    Ok(Ok(list)) => {
-                        let slices: Vec<serde_json::Value> = list
-                            .items
-                            .iter()
-                            .filter_map(|s| serde_json::to_value(s).ok())
-                            .collect();
-                        Some(claim::cards(&slices))
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "listing ResourceSlices; checking the claim without them");
-                        None
-                    }
-                    Err(_) => {
-                        tracing::warn!(
-                            "listing ResourceSlices timed out; checking the claim without them"
-                        );
-                        None
-                    }
+        let cards = match &self.client {
+            None => None,
+            Some(client) => match self.cache.published_cards_or_list(client).await {
+                Ok(cards) => Some(cards),
+                Err(why) => {
+                    tracing::warn!(error = %why, "checking the claim without the published GPUs");
+                    None
                 }
-            }
+            },
         };
         let warnings = match claim::check(kind, object, cards.as_deref()) {
             Err(why) => {
@@ -411,23 +385,14 @@ impl Validator {
     /// The steps before quota, which need nothing but the pod: a review that passes them goes on
     /// to quota; the others are answered here.
     fn precheck<'r>(&self, request: &'r AdmissionRequest) -> ControlFlow<Decision, Admissible<'r>> {
-        let allow = AdmissionResponse::allow(&request.uid);
-        let is_pod = request.kind.kind == "Pod" && request.kind.group.is_empty();
-        if !is_pod || request.sub_resource.is_some() {
-            return Break((allow, "skipped"));
-        }
-        if request.operation == "UPDATE" {
+        if request.is_pod() && request.operation == "UPDATE" {
             return Break(self.update(request));
         }
-        if request.operation != "CREATE" {
-            return Break((allow, "skipped"));
-        }
-        let Some(pod) = &request.object else {
-            return Break((
-                allow.deny(400, "BadRequest", "vgpu: request.object is missing"),
-                "invalid",
-            ));
+        let pod = match request.created(request.is_pod()) {
+            Ok(pod) => pod,
+            Err(e) => return Break(e.answer(&request.uid)),
         };
+        let allow = AdmissionResponse::allow(&request.uid);
         let namespace = namespace_of(request, pod);
         let dry_run = request.dry_run == Some(true);
         let containers = match policy::vgpu_containers(pod, &self.settings.policy) {

@@ -226,12 +226,13 @@ pub fn claim_usage(claim: &Value, largest_card_mib: u64) -> Option<PodUsage> {
                 .into_iter()
                 .filter(|a| a["deviceClassName"] == CLASS)
                 .map(|a| {
-                    let asked = &a["capacity"]["requests"];
+                    // The same reading the claim's admission checked; a request it could not
+                    // read (admitted before an upgrade) counts as a whole card.
+                    let (memory, asked_cores) = vgpu_core::dra::asked("", a).unwrap_or_default();
                     SliceCount {
                         gpus: a["count"].as_u64().unwrap_or(1),
-                        mib_per_gpu: quantity(&asked[MEMORY])
-                            .map_or(largest_card_mib, |b| b.div_ceil(1 << 20)),
-                        cores_per_gpu: cores(quantity(&asked[CORES]).unwrap_or(0)),
+                        mib_per_gpu: memory.map_or(largest_card_mib, |b| b.div_ceil(1 << 20)),
+                        cores_per_gpu: cores(asked_cores.unwrap_or(0)),
                     }
                 })
                 .max_by_key(|s| (s.gpus.saturating_mul(s.mib_per_gpu), s.gpus));
