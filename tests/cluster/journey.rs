@@ -285,7 +285,8 @@ impl<'p, 'c> Journey<'p, 'c> {
     }
 
     /// Step 2: over the quota, a pod is refused at creation and the reason is in `kubectl get
-    /// events`; a Deployment stops at the quota with the reason on its ReplicaSet.
+    /// events`, and so are a privileged vGPU pod and one placed by `spec.nodeName`; a Deployment
+    /// stops at the quota with the reason on its ReplicaSet.
     fn step2_quota_refuses_with_a_reason(&mut self) {
         let step = "step 2 (quota)";
         let c = self.cluster();
@@ -314,6 +315,17 @@ impl<'p, 'c> Journey<'p, 'c> {
             .create_in(NS_FREE, privileged)
             .expect_err("step 2: a privileged vGPU pod was admitted");
         assert!(err.contains("denyPrivileged"), "{step}: {err}");
+        // A vGPU pod placed by name would skip vgpu-scheduler: refused, naming the field.
+        let mut by_name = slice_pod("by-name", 1024, 0);
+        by_name["spec"]["nodeName"] = json!("vm");
+        let err = self
+            .cluster()
+            .create_in(NS_FREE, by_name)
+            .expect_err("step 2: a vGPU pod with spec.nodeName was admitted");
+        assert!(
+            err.contains("spec.nodeName is set") && err.contains("rule denyPresetNodeName"),
+            "{step}: {err}"
+        );
         vgpu_tests::wait_for(
             WAIT,
             &format!("{step}: an Event about the refused pod privileged"),
@@ -692,8 +704,14 @@ impl<'p, 'c> Journey<'p, 'c> {
             "cordoned",
             "outside the cordon (node annotation hami.io/device-cordon)",
         );
+        // Issue 38's waits, measured: how long a pending vGPU pod waits after its GPU opens.
+        let lifted = Instant::now();
         annotate(&format!("{}-", vgpu_core::annotations::DEVICE_CORDON));
         c.wait_running(NS_FREE, "cordoned", step);
+        crate::report(&format!(
+            "wait: cordon lifted -> the pending pod Running in {:.1} s",
+            lifted.elapsed().as_secs_f64()
+        ));
 
         create("mutex", true);
         pending_because(
@@ -701,7 +719,13 @@ impl<'p, 'c> Journey<'p, 'c> {
             "no GPU idle (the mutex policy needs a GPU nothing else uses)",
         );
         c.delete(&["pod", "cordoned", "-n", NS_FREE]);
+        // From the moment the pod is gone (`kubectl delete --wait`).
+        let freed = Instant::now();
         let pod = c.wait_running(NS_FREE, "mutex", step);
+        crate::report(&format!(
+            "wait: the GPU's only pod gone -> the pending mutex pod Running in {:.1} s",
+            freed.elapsed().as_secs_f64()
+        ));
         let a = PodAssignment::decode(
             pod["metadata"]["annotations"][ASSIGNMENT]
                 .as_str()

@@ -719,6 +719,7 @@ fn chart_renders_and_wires_up_for_every_values_set() {
                 "devicePlugin.deviceSplitCount=4",
                 "scheduler.kubeScheduler.imageTag=v1.31.0",
                 "disableControlNamespaces={ml-admin,ops}",
+                "presetNodeNameNamespaces={ops}",
                 "devicePlugin.gpuCorePolicy=default",
             ],
         ),
@@ -748,6 +749,10 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     assert_eq!(
         webhook_cfg["policy"]["disableControlNamespaces"],
         serde_json::json!(["ml-admin", "ops"])
+    );
+    assert_eq!(
+        webhook_cfg["policy"]["presetNodeNameNamespaces"],
+        serde_json::json!(["ops"])
     );
     assert_eq!(dp["image"], "mirror.example/vgpu/vgpu-device-plugin:0.1.0");
     let ks = chart.container("Deployment", "vgpu-scheduler", "kube-scheduler");

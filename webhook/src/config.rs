@@ -19,6 +19,8 @@
 //!   protectedPaths: [/etc/ld.so.preload, /usr/local/vgpu]
 //!   denyDisableControl: true
 //!   disableControlNamespaces: []   # may set CUDA_DISABLE_CONTROL / their own GPU_CORE_UTILIZATION_POLICY
+//!   denyPresetNodeName: true
+//!   presetNodeNameNamespaces: []   # may create vGPU pods with spec.nodeName (skipping vgpu-scheduler)
 //! ```
 //!
 //! Every key is optional; unknown keys are an error, so a typo never silently keeps a default.

@@ -36,6 +36,11 @@ pub struct PolicyRules {
     pub deny_disable_control: bool,
     /// Namespaces whose pods may use those switches (an administrator's own workloads).
     pub disable_control_namespaces: Vec<String>,
+    /// `spec.nodeName` set at CREATE: the pod would skip vgpu-scheduler (its GPU choice, the
+    /// placement policy, cordons, exclusive GPUs), outside `preset_node_name_namespaces`.
+    pub deny_preset_node_name: bool,
+    /// Namespaces whose vGPU pods may be placed by name (an administrator's own tooling).
+    pub preset_node_name_namespaces: Vec<String>,
 }
 
 impl Default for PolicyRules {
@@ -50,6 +55,8 @@ impl Default for PolicyRules {
             protected_paths: vec!["/etc/ld.so.preload".into(), "/usr/local/vgpu".into()],
             deny_disable_control: true,
             disable_control_namespaces: Vec::new(),
+            deny_preset_node_name: true,
+            preset_node_name_namespaces: Vec::new(),
         }
     }
 }
@@ -90,6 +97,9 @@ pub fn check(
                 });
             }
         }
+    }
+    if let Some(v) = preset_node_name(pod, namespace, operation_create, requests, rules) {
+        return Err(v);
     }
     for (c, req) in requests {
         let name = &c.resources.name;
@@ -189,6 +199,38 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// A vGPU pod created with `spec.nodeName`: kube-scheduler and so vgpu-scheduler never see it,
+/// so no GPU is chosen for it (nor any policy, cordon or exclusive GPU applied), and the kubelet
+/// admits it on the node's device count alone.
+fn preset_node_name(
+    pod: &Value,
+    namespace: &str,
+    operation_create: bool,
+    requests: &[(PodContainer<'_>, VgpuRequest)],
+    rules: &PolicyRules,
+) -> Option<Violation> {
+    if !rules.deny_preset_node_name || !operation_create || requests.is_empty() {
+        return None;
+    }
+    let node = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())?;
+    if rules
+        .preset_node_name_namespaces
+        .iter()
+        .any(|n| n == namespace)
+    {
+        return None;
+    }
+    Some(Violation {
+        rule: "denyPresetNodeName",
+        message: format!(
+            "vgpu policy: spec.nodeName is set ({node:?}): a vGPU pod placed by name skips vgpu-scheduler, which chooses its GPUs and keeps cordoned and exclusive GPUs out of reach; choose nodes with spec.nodeSelector or node affinity instead; only namespaces in policy.presetNodeNameNamespaces may set it (rule denyPresetNodeName)"
+        ),
+    })
 }
 
 /// HAMi's runtime settings of a vGPU container (read by the device plugin at Allocate): values it
@@ -349,6 +391,39 @@ mod tests {
 
     fn rule_of(pod: Value) -> &'static str {
         run(pod, &PolicyRules::default()).unwrap_err().rule
+    }
+
+    /// A vGPU pod created with `spec.nodeName` would skip vgpu-scheduler: refused, naming the
+    /// field and the way out; a plain pod, an empty name, an allowed namespace or the rule off pass.
+    #[test]
+    fn a_preset_node_name_needs_an_allowed_namespace() {
+        let mut placed = gpu_pod(json!({}));
+        placed["spec"]["nodeName"] = json!("gpu-node-1");
+        let e = run(placed.clone(), &PolicyRules::default()).unwrap_err();
+        assert_eq!(e.rule, "denyPresetNodeName");
+        assert_eq!(
+            e.message,
+            "vgpu policy: spec.nodeName is set (\"gpu-node-1\"): a vGPU pod placed by name skips vgpu-scheduler, which chooses its GPUs and keeps cordoned and exclusive GPUs out of reach; choose nodes with spec.nodeSelector or node affinity instead; only namespaces in policy.presetNodeNameNamespaces may set it (rule denyPresetNodeName)"
+        );
+        let plain = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n", "containers": [{"name": "c"}]}});
+        assert_eq!(run(plain, &PolicyRules::default()), Ok(()));
+        let mut empty = gpu_pod(json!({}));
+        empty["spec"]["nodeName"] = json!("");
+        assert_eq!(run(empty, &PolicyRules::default()), Ok(()));
+        let trusted = PolicyRules {
+            preset_node_name_namespaces: vec!["team-a".into()],
+            ..PolicyRules::default()
+        };
+        assert_eq!(run(placed.clone(), &trusted), Ok(()));
+        let off = PolicyRules {
+            deny_preset_node_name: false,
+            ..PolicyRules::default()
+        };
+        assert_eq!(run(placed.clone(), &off), Ok(()));
+        // Only at CREATE: a pod is bound by setting its node later.
+        let reqs = vgpu_containers(&placed, &RequestPolicy::default()).unwrap();
+        let rules = PolicyRules::default();
+        assert_eq!(check(&placed, "team-a", false, &reqs, &rules, None), Ok(()));
     }
 
     #[test]
