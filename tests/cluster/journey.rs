@@ -745,6 +745,59 @@ impl<'p, 'c> Journey<'p, 'c> {
         c.delete(&["pod", "mutex", "-n", NS_FREE]);
         c.wait_running(NS_FREE, "joins", step);
         c.delete(&["pod", "joins", "-n", NS_FREE]);
+
+        // Several pods waiting at once (issue 38): a mutex pod holds the GPU, six more wait;
+        // once it is gone, how long until each runs, and in which order they were bound.
+        create("hog", true);
+        c.wait_running(NS_FREE, "hog", step);
+        let waiting: Vec<String> = (0..6).map(|i| format!("waits-{i}")).collect();
+        for name in &waiting {
+            create(name, false);
+        }
+        pending_because(
+            "waits-5",
+            "no GPU free of an exclusive pod (gpucores 100 or mutex)",
+        );
+        c.delete(&["pod", "hog", "-n", NS_FREE]);
+        let freed = Instant::now();
+        let mut bound: Vec<(String, f64)> = Vec::new();
+        let mut running: Vec<(String, f64)> = Vec::new();
+        vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: the six waiting pods Running"),
+            || {
+                let pods = c.json(&["get", "pods", "-n", NS_FREE]);
+                let at = freed.elapsed().as_secs_f64();
+                for p in pods["items"].as_array().into_iter().flatten() {
+                    let name = p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    if !waiting.contains(&name) {
+                        continue;
+                    }
+                    if !p["spec"]["nodeName"].is_null() && !bound.iter().any(|(n, _)| *n == name) {
+                        bound.push((name.clone(), at));
+                    }
+                    if p["status"]["phase"] == "Running" && !running.iter().any(|(n, _)| *n == name)
+                    {
+                        running.push((name, at));
+                    }
+                }
+                (running.len() == waiting.len()).then_some(())
+            },
+        );
+        let order: Vec<&str> = bound.iter().map(|(n, _)| &n["waits-".len()..]).collect();
+        crate::report(&format!(
+            "wait: the GPU's mutex pod gone -> six waiting pods Running in {:.1}-{:.1} s; bound in the order {}",
+            running.iter().map(|r| r.1).fold(f64::MAX, f64::min),
+            running.iter().map(|r| r.1).fold(0.0, f64::max),
+            order.join(",")
+        ));
+        let mut all = vec!["pod"];
+        all.extend(waiting.iter().map(String::as_str));
+        all.extend(["-n", NS_FREE]);
+        c.delete(&all);
     }
 
     /// Step 7: HAMi's task priority through the real kubelet: a pod with `nvidia.com/priority: 0`

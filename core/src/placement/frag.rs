@@ -311,10 +311,11 @@ pub fn single_gpu_waste(mix: &[(u32, f64)]) -> Vec<f64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn shape(cpu: u64, milli: u32, num: u32) -> PodShape {
+    /// A pod shape of any model, for the measures' tests.
+    pub(in crate::placement) fn shape(cpu: u64, milli: u32, num: u32) -> PodShape {
         PodShape {
             cpu_milli: cpu,
             gpu_milli: milli,

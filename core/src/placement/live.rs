@@ -358,16 +358,8 @@ impl LiveFrag {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::frag::{typical_pods, ModelMask, PodShape};
-
-    fn shape(cpu: u64, milli: u32, num: u32) -> PodShape {
-        PodShape {
-            cpu_milli: cpu,
-            gpu_milli: milli,
-            num_gpu: num,
-            models: ModelMask::ANY,
-        }
-    }
+    use crate::placement::frag::tests::shape;
+    use crate::placement::frag::typical_pods;
 
     fn live(shares: &[(u32, u64)]) -> LiveFrag {
         LiveFrag::new(&typical_pods(
