@@ -55,6 +55,7 @@ fn bench(c: &mut Criterion) {
                 )
             })
             .collect(),
+        confirmed: Vec::new(),
     };
     let incoming_pod = pod("team-7", "new");
     let rules = PolicyRules::default();

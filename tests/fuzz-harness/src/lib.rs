@@ -602,5 +602,6 @@ fn snapshot_ledger() -> Ledger {
             at("uid-pending", now_ms + 30_000),
             at("uid-gone", now_ms - 1),
         ],
+        confirmed: Vec::new(),
     }
 }

@@ -87,7 +87,15 @@ pub(crate) fn pod(ns: &str, name: &str, vgpu: bool) -> Value {
         "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 
+/// The CREATE review of `pod` as the API server sends it: before any node or status.
 pub(crate) fn review(pod: &Value, uid: &str) -> Vec<u8> {
+    let mut pod = pod.clone();
+    if let Some(spec) = pod["spec"].as_object_mut() {
+        spec.remove("nodeName");
+    }
+    if let Some(p) = pod.as_object_mut() {
+        p.remove("status");
+    }
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},

@@ -21,6 +21,13 @@
 //!   one still on its way through the admission chain. A dry run never reserves.
 //!
 //! Expired reservations are dropped at the next write.
+//!
+//! A replica that finds a reservation's pod in its cache shortens the reservation to a grace of
+//! [`CONFIRMED_GRACE_MS`] (it has done its job; the ledger stays small) and notes the pod's uid as
+//! confirmed until the reservation's own expiry. A replica whose pod watch lags further behind
+//! than the grace would otherwise count neither the pod nor its reservation: before counting, each
+//! replica checks that its cache has every confirmed pod, and when one is missing
+//! ([`Attempt::CacheBehind`]) it decides from a fresh LIST of the namespace's pods instead.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -55,11 +62,26 @@ pub struct Reservation {
     pub usage: PodUsage,
 }
 
+/// A pod some replica has found in its cache, so its reservation was shortened to the grace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Confirmed {
+    /// The pod's uid.
+    pub uid: String,
+    /// Unix milliseconds: the reservation's own expiry, until which a replica that has not seen
+    /// the pod knows its cache is behind.
+    pub until_ms: u64,
+}
+
 /// The ledger's contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
     /// Reservations, oldest first.
     pub reservations: Vec<Reservation>,
+    /// Pods found in some replica's cache, whose reservations were shortened (absent in ledgers
+    /// written before this field: such a replica drops it, and the grace alone applies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirmed: Vec<Confirmed>,
 }
 
 impl Ledger {
@@ -96,6 +118,9 @@ pub enum Attempt {
     AlreadyReserved,
     /// A quota would be exceeded.
     Exceeded(Exceeded),
+    /// This replica's cache lacks a pod another replica has confirmed (its watch lags more than
+    /// the grace): decide again from a fresh LIST of the namespace's pods.
+    CacheBehind,
 }
 
 /// Pure decision on one snapshot: prunes expired reservations, counts usage, checks quotas.
@@ -119,6 +144,17 @@ pub fn attempt(
         .any(|r| r.uid == incoming.uid && !incoming.uid.is_empty())
     {
         return Attempt::AlreadyReserved;
+    }
+    let confirmed: Vec<&Confirmed> = ledger
+        .confirmed
+        .iter()
+        .filter(|c| c.until_ms > now_ms)
+        .collect();
+    if confirmed
+        .iter()
+        .any(|c| !seen(&c.uid) && !pods.iter().any(|p| p.uid == c.uid))
+    {
+        return Attempt::CacheBehind;
     }
     // Its pod is cached, or was and is gone, or another pod holds its name.
     let in_cache = |r: &Reservation| {
@@ -147,17 +183,23 @@ pub fn attempt(
     // short grace (other replicas' caches may lag), so that deleting the pod frees its share within
     // the grace instead of the whole TTL.
     let mut next = Ledger {
-        reservations: live
-            .into_iter()
-            .map(|r| {
-                let mut r = r.clone();
-                if in_cache(&r) {
-                    r.expires_ms = r.expires_ms.min(now_ms.saturating_add(CONFIRMED_GRACE_MS));
-                }
-                r
-            })
-            .collect(),
+        reservations: Vec::with_capacity(live.len() + 1),
+        confirmed: confirmed.into_iter().cloned().collect(),
     };
+    for r in live {
+        let mut r = r.clone();
+        let grace = now_ms.saturating_add(CONFIRMED_GRACE_MS);
+        if in_cache(&r) && r.expires_ms > grace {
+            if !r.uid.is_empty() && !next.confirmed.iter().any(|c| c.uid == r.uid) {
+                next.confirmed.push(Confirmed {
+                    uid: r.uid.clone(),
+                    until_ms: r.expires_ms,
+                });
+            }
+            r.expires_ms = grace;
+        }
+        next.reservations.push(r);
+    }
     next.reservations.push(incoming.clone());
     Attempt::Write(next)
 }
@@ -211,6 +253,7 @@ mod tests {
     fn reservations_count_until_the_pod_is_cached_or_they_expire() {
         let ledger = Ledger {
             reservations: vec![res("a", 4096, 2_000), res("b", 4096, 500)],
+            confirmed: Vec::new(),
         };
         let q = quotas(8192);
         // At t=100 both count: no room for a third 4096.
@@ -261,6 +304,7 @@ mod tests {
     fn a_reservation_ends_when_its_pod_has_existed_even_once_it_is_gone() {
         let ledger = Ledger {
             reservations: vec![res("a", 8192, 9_000)],
+            confirmed: Vec::new(),
         };
         let q = quotas(8192);
         // Pod "a" not seen yet: its reservation holds the whole quota.
@@ -296,10 +340,94 @@ mod tests {
         ));
     }
 
+    /// Replica A caches the pod of a reservation and shortens it to the grace; replica B's pod
+    /// watch lags more than the grace. Without the confirmed list B would count neither the pod
+    /// nor its reservation and admit past the quota (the `Write` this test refused before the
+    /// fix); with it B finds its cache behind, and from a fresh LIST it counts the pod.
+    #[test]
+    fn a_replica_whose_cache_lags_past_the_grace_does_not_undercount() {
+        let q = quotas(8192);
+        let p = res("p", 8192, 60_000);
+        let ledger = Ledger {
+            reservations: vec![p.clone()],
+            confirmed: Vec::new(),
+        };
+        let cached = [CachedPod {
+            name: "p".into(),
+            uid: "p".into(),
+            usage: p.usage.clone(),
+        }];
+        // A: the pod is cached; its reservation is shortened and the pod noted as confirmed.
+        let Attempt::Exceeded(_) =
+            attempt("ns", &ledger, &cached, &q, &res("x", 1, 60_000), 0, &|_| {
+                false
+            })
+        else {
+            panic!("A: the quota is full");
+        };
+        let small = quotas(16384);
+        let Attempt::Write(after_a) = attempt(
+            "ns",
+            &ledger,
+            &cached,
+            &small,
+            &res("a2", 1, 60_000),
+            0,
+            &|_| false,
+        ) else {
+            panic!("A: room for a2");
+        };
+        assert_eq!(after_a.reservations[0].expires_ms, CONFIRMED_GRACE_MS);
+        assert_eq!(
+            after_a.confirmed,
+            vec![Confirmed {
+                uid: "p".into(),
+                until_ms: 60_000
+            }]
+        );
+        // B, past the grace, its cache without p: behind, not a write.
+        let later = CONFIRMED_GRACE_MS + 1_000;
+        let b = attempt(
+            "ns",
+            &after_a,
+            &[],
+            &q,
+            &res("b", 4096, 90_000),
+            later,
+            &|_| false,
+        );
+        assert!(matches!(b, Attempt::CacheBehind), "{b:?}");
+        // B from a fresh LIST (p in it, confirmed pods counted as seen): p counts.
+        let b = attempt(
+            "ns",
+            &after_a,
+            &cached,
+            &q,
+            &res("b", 4096, 90_000),
+            later,
+            &|u| u == "p",
+        );
+        assert!(matches!(b, Attempt::Exceeded(_)), "{b:?}");
+        // Once the reservation's own expiry has passed, the confirmation is dropped too.
+        let Attempt::Write(end) = attempt(
+            "ns",
+            &after_a,
+            &cached,
+            &small,
+            &res("c", 1, 90_000),
+            60_001,
+            &|u| u == "p",
+        ) else {
+            panic!("room for c");
+        };
+        assert!(end.confirmed.is_empty(), "{:?}", end.confirmed);
+    }
+
     #[test]
     fn ledger_round_trips_and_tolerates_garbage() {
         let l = Ledger {
             reservations: vec![res("a", 1, 2)],
+            confirmed: Vec::new(),
         };
         let cm = json!({"data": l.to_data()});
         assert_eq!(Ledger::from_configmap(&cm), l);

@@ -362,7 +362,8 @@ impl Validator {
             Continue(None) => return ((allow, "no-quota"), None),
             Break(d) => return (d, None),
         };
-        let seen = self.seen_before_pods(ledger);
+        // The snapshot is the truth here, as a fresh LIST would be.
+        let seen = self.seen_before_pods(ledger, true);
         let pods = self.cache.pods(&a.namespace);
         let seen = |uid: &str| seen.contains(uid);
         match ledger::attempt(
@@ -376,6 +377,18 @@ impl Validator {
         ) {
             Attempt::AlreadyReserved => ((allow, "reserved"), None),
             Attempt::Exceeded(e) => (self.exceeded(request, &a, e), None),
+            // Not with every confirmed pod counted as seen (above); were it so, the safe answer.
+            Attempt::CacheBehind => (
+                (
+                    allow.deny(
+                        503,
+                        "ServiceUnavailable",
+                        "vgpu quota: this replica's pod cache is behind; retry",
+                    ),
+                    "unavailable",
+                ),
+                None,
+            ),
             Attempt::Write(_) if !a.templates.is_empty() => ((allow, "checked"), None),
             Attempt::Write(_) if a.dry_run => ((allow, "reserved"), None),
             Attempt::Write(next) => ((allow, "reserved"), Some(next)),
@@ -669,6 +682,8 @@ impl Validator {
             None => unavailable(e),
         }
         };
+        // Whether the pods come from a fresh LIST: after this replica found its cache behind.
+        let mut listed = false;
         loop {
             let current = match api.get_opt(&name).await {
                 Ok(c) => c,
@@ -681,8 +696,8 @@ impl Validator {
                 .as_ref()
                 .map(|c| Ledger::from_configmap(&cache::to_value(c)))
                 .unwrap_or_default();
-            let seen = self.seen_before_pods(&ledger);
-            let pods = match self.pods(client, namespace, largest).await {
+            let seen = self.seen_before_pods(&ledger, listed);
+            let pods = match self.pods(client, namespace, largest, listed).await {
                 Ok(p) => p,
                 Err(e) => {
                     self.metrics.quota_reservation("error");
@@ -700,6 +715,14 @@ impl Validator {
             ) {
                 Attempt::AlreadyReserved => return (allow, "reserved"),
                 Attempt::Exceeded(e) => return self.exceeded(request, a, e),
+                Attempt::CacheBehind => {
+                    self.metrics.quota_reservation("cache-behind");
+                    tracing::info!(
+                        namespace,
+                        "pod cache behind another replica's; deciding from a fresh LIST"
+                    );
+                    listed = true;
+                }
                 // A DRA pod is only checked: its claims are reserved as they are made.
                 Attempt::Write(_) if !a.templates.is_empty() => return (allow, "checked"),
                 // A dry run writes nothing: the answer is what a real request would get now.
@@ -755,13 +778,21 @@ impl Validator {
     /// seen then is in any snapshot or LIST taken after (or gone for good), so a reservation
     /// found done always finds its pod counted. (Read after, a pod arriving in between would be
     /// in neither.)
-    fn seen_before_pods(&self, ledger: &Ledger) -> std::collections::HashSet<String> {
-        ledger
-            .reservations
-            .iter()
-            .filter(|r| self.cache.was_seen(&r.uid))
-            .map(|r| r.uid.clone())
-            .collect()
+    ///
+    /// With `listed` (the pods come from a fresh LIST, which holds every pod that exists), every
+    /// confirmed pod counts as seen: one the LIST lacks is gone.
+    fn seen_before_pods(&self, ledger: &Ledger, listed: bool) -> std::collections::HashSet<String> {
+        let reserved = ledger.reservations.iter().map(|r| &r.uid);
+        let confirmed = ledger.confirmed.iter().map(|c| &c.uid);
+        let mut seen: std::collections::HashSet<String> = reserved
+            .chain(confirmed.clone())
+            .filter(|uid| self.cache.was_seen(uid))
+            .cloned()
+            .collect();
+        if listed {
+            seen.extend(confirmed.cloned());
+        }
+        seen
     }
 
     async fn pods(
@@ -769,8 +800,9 @@ impl Validator {
         client: &kube::Client,
         namespace: &str,
         largest: u64,
+        listed: bool,
     ) -> Result<Vec<usage::CachedPod>, kube::Error> {
-        if self.cache.pods_synced() {
+        if self.cache.pods_synced() && !listed {
             return Ok(self.cache.pods(namespace));
         }
         cache::list_pods(
@@ -887,6 +919,7 @@ mod tests {
                 .unwrap(),
                 Duration::from_secs(60),
             )],
+            confirmed: Vec::new(),
         };
         let now = ledger::now_ms();
         // Fits next to one 4096 reservation: admitted, and the ledger to write holds both.

@@ -225,6 +225,14 @@ fn preset_node_name(
     {
         return None;
     }
+    // A static pod's mirror, which the kubelet creates with its node set: the pod runs there
+    // whatever the API says, and refusing the mirror would only hide it.
+    if pod
+        .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+        .is_some()
+    {
+        return None;
+    }
     Some(Violation {
         rule: "denyPresetNodeName",
         message: format!(
@@ -407,6 +415,9 @@ mod tests {
         );
         let plain = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n", "containers": [{"name": "c"}]}});
         assert_eq!(run(plain, &PolicyRules::default()), Ok(()));
+        let mut mirror = placed.clone();
+        mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+        assert_eq!(run(mirror, &PolicyRules::default()), Ok(()));
         let mut empty = gpu_pod(json!({}));
         empty["spec"]["nodeName"] = json!("");
         assert_eq!(run(empty, &PolicyRules::default()), Ok(()));
