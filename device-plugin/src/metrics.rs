@@ -6,7 +6,7 @@
 
 use crate::backend::DeviceBackend;
 use crate::plugin::Shared;
-use crate::records::{read_records, CACHE_FILE};
+use crate::records::read_records;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,6 +14,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use vgpu_core::accounting::Snapshot;
+
+/// The accounting file's name in a container's directory.
+pub const CACHE_FILE: &str = "vgpu.cache";
 
 /// A container's labels: namespace, pod, container, device; in DRA mode also the claim (before
 /// the container, which is then the claim's request).

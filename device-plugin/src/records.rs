@@ -11,8 +11,6 @@ use vgpu_core::assignment::DeviceSlice;
 
 /// Host-directory subfolder with the allocation records.
 pub const ALLOCATIONS_DIR: &str = "allocations";
-/// The accounting file's name in a container's directory.
-pub(crate) const CACHE_FILE: &str = "vgpu.cache";
 
 /// What Allocate answered for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
