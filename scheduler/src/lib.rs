@@ -3,7 +3,7 @@
 //! kube-scheduler (an unmodified one, in the same pod) calls [`server::extender_app`]'s filter,
 //! prioritize and bind verbs; the decisions come from `vgpu_core::placement` over the
 //! [`cache::Cluster`] that [`watch`] keeps from node inventory annotations and vGPU pods'
-//! assignment annotations. A bind writes the pod's `vgpu.io/assignment` and then its Binding.
+//! assignment annotations. A bind is one Binding that carries the pod's `vgpu.io/assignment`.
 
 pub mod cache;
 pub mod claim_score;

@@ -36,7 +36,7 @@ pub struct VerbLabels {
 /// Labels of a bind outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BindLabels {
-    /// `bound`, `no-fit`, `pod-error`, `patch-failed` or `binding-failed`.
+    /// `bound`, `no-fit`, `pod-error` or `binding-failed`.
     pub result: &'static str,
 }
 

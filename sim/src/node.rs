@@ -74,6 +74,16 @@ impl NodeState {
             && self.gpus().iter().filter(|&&g| g >= s.gpu_milli).count() >= s.num_gpu as usize
     }
 
+    /// What kube-scheduler's own filters see of a vGPU pod: CPU, memory and the GPU count
+    /// (`nvidia.com/gpu` is split `--split-count` ways per GPU, so the count alone seldom binds; the
+    /// GPUs' room is the extender's to judge).
+    pub fn host_fits(&self, c: &PodClass) -> bool {
+        let s = &c.shape;
+        self.cpu_left >= s.cpu_milli
+            && self.mem_left >= c.memory_mib
+            && self.ngpu >= s.num_gpu as usize
+    }
+
     /// Best-fit GPU for a share pod: least room that fits, lowest index on ties.
     pub fn best_fit_gpu(&self, milli: u32) -> Option<usize> {
         let mut best: Option<usize> = None;

@@ -47,6 +47,9 @@ pub struct Summary {
     pub alloc_pct_at_130: Option<f64>,
     /// Mean number of pods that found no node.
     pub failed_pods: f64,
+    /// Mean number of pods that fitted no node of kube-scheduler's first window
+    /// (`--percentage-of-nodes-to-score` below 100): each a FailedScheduling and a retry.
+    pub retried_pods: f64,
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -86,6 +89,8 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                 alloc_pct_at_100: round2((a100.len() == runs.len()).then(|| mean(&a100)).flatten()),
                 alloc_pct_at_130: round2((a130.len() == runs.len()).then(|| mean(&a130)).flatten()),
                 failed_pods: mean(&runs.iter().map(|r| r.failed as f64).collect::<Vec<_>>())
+                    .unwrap_or(0.0),
+                retried_pods: mean(&runs.iter().map(|r| r.retried as f64).collect::<Vec<_>>())
                     .unwrap_or(0.0),
             }
         })
@@ -145,8 +150,8 @@ impl Published {
 pub fn table(summaries: &[Summary], published: Option<&Published>) -> String {
     let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
     let mut out = format!(
-        "{:<14} {:<15} {:>5} {:>9} {:>9} {:>11} {:>9}\n",
-        "trace", "policy", "seeds", "alloc@100", "alloc@130", "published@100", "failed"
+        "{:<14} {:<15} {:>5} {:>9} {:>9} {:>11} {:>9} {:>9}\n",
+        "trace", "policy", "seeds", "alloc@100", "alloc@130", "published@100", "failed", "retried"
     );
     for s in summaries {
         let publ = published.and_then(|p| {
@@ -157,14 +162,15 @@ pub fn table(summaries: &[Summary], published: Option<&Published>) -> String {
         });
         let _ = writeln!(
             out,
-            "{:<14} {:<15} {:>5} {:>9} {:>9} {:>13} {:>9.1}",
+            "{:<14} {:<15} {:>5} {:>9} {:>9} {:>13} {:>9.1} {:>9.1}",
             s.trace,
             s.policy,
             s.seeds.len(),
             fmt(s.alloc_pct_at_100),
             fmt(s.alloc_pct_at_130),
             fmt(publ),
-            s.failed_pods
+            s.failed_pods,
+            s.retried_pods
         );
     }
     out

@@ -24,6 +24,9 @@ pub struct RunResult {
     pub pods: usize,
     /// Pods that found no node.
     pub failed: usize,
+    /// Pods that fitted no node of kube-scheduler's first window (with a sample): each a
+    /// FailedScheduling and a retry on a later window.
+    pub retried: usize,
     /// Where each pod went (`None` = failed), in arrival order.
     pub placements: Vec<Option<u32>>,
     /// Node states when arrival first reached 100 % of capacity (the end state if it never did).
@@ -62,7 +65,22 @@ pub enum Ties {
     Random,
 }
 
-/// How a run is carried out (results depend only on `ties`).
+/// kube-scheduler's `numFeasibleNodesToFind` (pkg/scheduler/schedule_one.go): how many nodes that
+/// pass its own filters it looks for before it stops and hands them to the extender. Under 100
+/// nodes all; `percentage` 0 is its adaptive default (50 % less one point per 125 nodes, at least
+/// 5 %); never fewer than 100.
+pub fn feasible_nodes_to_find(percentage: u32, all: usize) -> usize {
+    if all < 100 {
+        return all;
+    }
+    let mut p = percentage.min(100) as usize;
+    if p == 0 {
+        p = 50usize.saturating_sub(all / 125).max(5);
+    }
+    (all * p / 100).max(100)
+}
+
+/// How a run is carried out (results depend only on `ties` and `percentage_of_nodes_to_score`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunOptions {
     /// Keep scores per (class, node) until the node changes; off, every node is rescored for
@@ -70,6 +88,12 @@ pub struct RunOptions {
     pub score_cache: bool,
     /// The tie rule.
     pub ties: Ties,
+    /// kube-scheduler's `percentageOfNodesToScore` (100: every node, as the chart sets it; 0: its
+    /// adaptive default). Below 100 a pod sees only the window kube-scheduler samples: the next
+    /// [`feasible_nodes_to_find`] nodes that pass its own filters, from where the last pod's
+    /// search stopped (`nextStartNodeIndex`); a pod that fits no node of its window is retried on
+    /// the next one, as kube-scheduler's backoff would.
+    pub percentage_of_nodes_to_score: u32,
 }
 
 impl Default for RunOptions {
@@ -77,6 +101,7 @@ impl Default for RunOptions {
         RunOptions {
             score_cache: true,
             ties: Ties::Name,
+            percentage_of_nodes_to_score: 100,
         }
     }
 }
@@ -177,6 +202,9 @@ pub fn simulate_with(
     let mut failed = 0;
     let mut placements = Vec::with_capacity(arrivals.len());
     let mut nodes_at_100: Vec<NodeState> = Vec::new();
+    let window = feasible_nodes_to_find(opts.percentage_of_nodes_to_score, n);
+    let mut next_start = 0usize;
+    let mut retried = 0;
 
     for &cls_id in arrivals {
         let c = &trace.classes[cls_id as usize];
@@ -184,7 +212,28 @@ pub fn simulate_with(
         let mut best: Option<(usize, i64, GpuPick)> = None;
         let mut feasible = 0u64;
         let mut tied = 0u64;
-        for (i, node) in nodes.iter().enumerate() {
+        let mut in_window = 0usize;
+        let mut processed = 0usize;
+        let mut missed_a_window = false;
+        for step in 0..n {
+            let i = (next_start + step) % n;
+            let node = &nodes[i];
+            if window < n {
+                if in_window == window {
+                    if best.is_some() {
+                        break;
+                    }
+                    if !missed_a_window {
+                        missed_a_window = true;
+                        retried += 1;
+                    }
+                    in_window = 0;
+                }
+                if node.host_fits(c) {
+                    in_window += 1;
+                }
+            }
+            processed += 1;
             let e = &mut row[i];
             if e.version != node.version || !score_cache {
                 match score(policy, node, c, trace, opts.ties == Ties::Name) {
@@ -238,6 +287,7 @@ pub fn simulate_with(
                 }
             }
         }
+        next_start = (next_start + processed) % n.max(1);
         let s = &c.shape;
         arrived += s.total_milli();
         match best {
@@ -297,6 +347,7 @@ pub fn simulate_with(
         alloc_pct,
         pods: arrivals.len(),
         failed,
+        retried,
         placements,
         nodes_at_100: if nodes_at_100.is_empty() {
             nodes

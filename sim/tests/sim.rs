@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use vgpu_sim::report::Published;
+use vgpu_sim::run::feasible_nodes_to_find;
 use vgpu_sim::trace::{load_nodes, load_pods, pod_list_path, NodeRow, PodRow};
 use vgpu_sim::{simulate, simulate_with, Cluster, Policy, RunOptions, Ties, Trace};
 
@@ -70,6 +71,50 @@ fn whole_gpu_pods_pack_so_the_eight_gpu_pod_fits() {
         .filter(|&s| run(&nodes, &pods, Policy::Random, s).failed > 0)
         .count();
     assert!(lost > 0, "random never blocked the 8-GPU pod in 20 seeds");
+}
+
+/// kube-scheduler's sample sizes (numFeasibleNodesToFind): all under 100 nodes, at least 100,
+/// the adaptive default at 0.
+#[test]
+fn the_sample_is_kube_schedulers() {
+    assert_eq!(feasible_nodes_to_find(100, 5000), 5000);
+    assert_eq!(feasible_nodes_to_find(10, 5000), 500);
+    assert_eq!(feasible_nodes_to_find(0, 5000), 500);
+    assert_eq!(feasible_nodes_to_find(0, 1213), 497);
+    assert_eq!(feasible_nodes_to_find(0, 100_000), 5000);
+    assert_eq!(feasible_nodes_to_find(10, 1000), 100);
+    assert_eq!(feasible_nodes_to_find(10, 60), 60);
+}
+
+/// With a sample, a pod sees only its window: two half-GPU pods on 200 idle one-GPU nodes share
+/// a GPU when the extender sees every node, and land a window apart when kube-scheduler samples
+/// half of them (the second pod's window starts where the first's search stopped).
+#[test]
+fn a_sampled_pod_chooses_within_its_window() {
+    let nodes: Vec<NodeRow> = (0..200)
+        .map(|i| node(&format!("n{i:03}"), 1, 8000, "A"))
+        .collect();
+    let pods = vec![pod(1000, 1, 500); 2];
+    let mut cluster = Cluster::new(&nodes).unwrap();
+    let trace = Trace::new("synthetic", &pods, &mut cluster).unwrap();
+    let placed = |percentage_of_nodes_to_score| {
+        let opts = RunOptions {
+            percentage_of_nodes_to_score,
+            ..RunOptions::default()
+        };
+        simulate_with(
+            &cluster,
+            &trace,
+            &trace.pods,
+            Policy::OursLive,
+            42,
+            1.0,
+            opts,
+        )
+        .placements
+    };
+    assert_eq!(placed(100), vec![Some(0), Some(0)]);
+    assert_eq!(placed(50), vec![Some(0), Some(100)]);
 }
 
 /// The tie rule. Four idle 1-GPU nodes and four whole-GPU pods: every move leaves nothing

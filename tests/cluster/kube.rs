@@ -62,6 +62,9 @@ impl Cluster {
             .as_array()
             .into_iter()
             .flatten()
+            // The scale step's simulated nodes, left by a run that was killed: that step deletes
+            // them when it starts.
+            .filter(|n| n["metadata"]["labels"][crate::scale::LABEL].is_null())
             .filter_map(|n| n["metadata"]["name"].as_str())
             .collect();
         assert_eq!(

@@ -443,12 +443,7 @@ impl Report {
                     .join(", ")
             ));
         }
-        let rate = |kind: &str| {
-            self.phases
-                .iter()
-                .find(|p| p.kind == kind)
-                .map(|p| p.bind_rate)
-        };
+        let rate = |kind: &str| self.rate(kind);
         if let (Some(plain), Some(vgpu)) = (rate("plain"), rate("vgpu")) {
             if plain > 0.0 {
                 out.push(format!("vGPU/plain rate ratio {:.2}", vgpu / plain));
@@ -493,6 +488,14 @@ impl Report {
             self.overcommits.iter().take(3).collect::<Vec<_>>(),
         ));
         out
+    }
+
+    /// Pods bound per second in the phase of `kind` (`plain`, `vgpu`, `dra`, `dra-direct`).
+    pub fn rate(&self, kind: &str) -> Option<f64> {
+        self.phases
+            .iter()
+            .find(|p| p.kind == kind)
+            .map(|p| p.bind_rate)
     }
 
     /// Bind failures of any kind: extender outcomes other than `bound`, FailedScheduling Events,
@@ -706,6 +709,12 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
                 pid,
             });
         }
+    }
+    if let Some(webhook) = &parts.webhook {
+        procs.push(Proc {
+            name: "vgpu-webhook".into(),
+            pid: webhook.proc.pid(),
+        });
     }
     procs.push(Proc {
         name: "this client".into(),
@@ -1275,7 +1284,8 @@ pub fn tier_step(parts: &Parts<'_>) {
     let size = Size {
         nodes: 200,
         vgpu_pods: 500,
-        plain_pods: 100,
+        // Enough for a rate to compare with the vGPU pods' (about 6 s at kube-scheduler's qps 50).
+        plain_pods: 300,
         dra_pods: 100,
         in_flight: 16,
         phase_limit: Duration::from_secs(60),
@@ -1291,8 +1301,18 @@ pub fn tier_step(parts: &Parts<'_>) {
         report.slices
     );
     assert_eq!(report.heartbeats.1, 0, "{step}: heartbeats failed");
+    // Issue 39's floor: vGPU pods bind at no less than 0.8x the rate of plain pods through the
+    // same kube-scheduler.
+    let (plain, vgpu) = (report.rate("plain"), report.rate("vgpu"));
+    let ratio = vgpu.unwrap_or(0.0) / plain.unwrap_or(f64::INFINITY);
+    assert!(
+        ratio >= 0.8,
+        "{step}: vGPU pods bound at {vgpu:?}/s, {ratio:.2}x the {plain:?}/s of plain pods"
+    );
     crate::report(&format!(
-        "{step}: passed in {:.0} s",
-        started.elapsed().as_secs_f64()
+        "{step}: passed in {:.0} s; vGPU/plain rate {ratio:.2} ({:.1} vs {:.1} pods/s)",
+        started.elapsed().as_secs_f64(),
+        vgpu.unwrap_or(0.0),
+        plain.unwrap_or(0.0),
     ));
 }

@@ -613,8 +613,9 @@ fn chart_renders_and_wires_up_for_every_values_set() {
     .unwrap();
     assert_eq!(sched_cfg["profiles"][0]["schedulerName"], "vgpu-scheduler");
     assert_eq!(sched_cfg["leaderElection"]["leaderElect"], true);
-    // The extender sees every fitting node, and (chooseNode) passes only its policy's best.
-    assert_eq!(sched_cfg["percentageOfNodesToScore"], 100);
+    // kube-scheduler's adaptive sample of the fitting nodes (docs/scheduler.md, issue 39), of
+    // which the extender (chooseNode) passes only its policy's best.
+    assert_eq!(sched_cfg["percentageOfNodesToScore"], 0);
     let managed: Vec<&str> = sched_cfg["extenders"][0]["managedResources"]
         .as_array()
         .unwrap()
@@ -992,6 +993,14 @@ fn chart_refuses_values_that_cannot_work() {
         (
             "scheduler.extender.gpuPolicy=foo",
             "scheduler.extender.gpuPolicy must be one of",
+        ),
+        (
+            "scheduler.percentageOfNodesToScore=101",
+            "scheduler.percentageOfNodesToScore must be a whole number from 0",
+        ),
+        (
+            "scheduler.percentageOfNodesToScore=-5",
+            "scheduler.percentageOfNodesToScore must be a whole number from 0",
         ),
         (
             "scheduler.extender.chooseNode=yes",

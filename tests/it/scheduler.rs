@@ -201,26 +201,19 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
     assert_eq!(a.containers[0].devices[0].memory_mib, 8192);
     assert_eq!(a.containers[0].devices[0].uuid, "GPU-a1");
     assert_eq!(node_name_of(&api, "train").as_deref(), Some("gpu-1"));
-    // The annotation is written before the Binding, so the device plugin's Allocate finds it.
-    let writes: Vec<(String, String)> = api
+    // One write: the Binding carries the assignment, so the pod is never bound without it.
+    let writes: Vec<_> = api
         .requests()
         .into_iter()
         .filter(|r| r.method != "GET")
-        .map(|r| (r.method, r.path))
         .collect();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].method, "POST");
     assert_eq!(
-        writes,
-        [
-            (
-                "PATCH".to_string(),
-                "/api/v1/namespaces/team-a/pods/train".to_string()
-            ),
-            (
-                "POST".to_string(),
-                "/api/v1/namespaces/team-a/pods/train/binding".to_string()
-            ),
-        ]
+        writes[0].path,
+        "/api/v1/namespaces/team-a/pods/train/binding"
     );
+    assert!(writes[0].body.contains(ASSIGNMENT), "{}", writes[0].body);
 
     // The next pod sees the first one's memory (spread puts it on the other GPU).
     api.create(pod("second", 20000)).unwrap();
@@ -434,7 +427,7 @@ async fn two_pods_in_flight_never_get_the_same_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_binding_or_patch_rolls_back() {
+async fn a_failed_binding_writes_nothing_and_frees_the_gpu() {
     vgpu_tests::binary("vgpu-scheduler");
     let api = FakeApiServer::start().await.unwrap();
     api.create(node("n1", &[("GPU-x", 16384)], Some(now())))
@@ -443,7 +436,7 @@ async fn failed_binding_or_patch_rolls_back() {
     api.create(pod("q", 16384)).unwrap();
     let s = start(&api, &[]).await;
 
-    // The Binding fails: the annotation is removed again and the GPU is free for the next pod.
+    // The Binding fails: nothing was written and the GPU is free for the next pod.
     api.fail_matching(Some("POST"), Some("/binding"), 1, 500);
     let r = s.bind(&api, "p", "n1").await;
     assert!(
@@ -455,40 +448,37 @@ async fn failed_binding_or_patch_rolls_back() {
     );
     assert!(assignment(&api, "p").is_none());
     assert!(node_name_of(&api, "p").is_none());
-    let undo = api
-        .requests()
-        .into_iter()
-        .rfind(|r| r.method == "PATCH")
-        .unwrap();
-    assert!(
-        undo.body.contains(&format!("\"{ASSIGNMENT}\":null")),
-        "{}",
-        undo.body
-    );
-    vgpu_tests::wait_for_async(WAIT, "capacity back after rollback", || async {
+    assert!(!api.requests().iter().any(|r| r.method == "PATCH"));
+    vgpu_tests::wait_for_async(WAIT, "capacity back after the failed bind", || async {
         (s.filter(&api, "q", &["n1"]).await["NodeNames"] == json!(["n1"])).then_some(())
     })
     .await;
 
-    // The annotation patch fails: no Binding is attempted, nothing is held.
-    api.clear_requests();
-    api.fail_matching(Some("PATCH"), Some("/pods/q"), 1, 409);
-    let r = s.bind(&api, "q", "n1").await;
+    // The filter above held n1 for q. q is recreated under the same name before its bind: the
+    // old q's bind does not bind the new one (refused by the Binding's UID precondition while
+    // the hold stands, or by the extender's own UID check once the watch dropped it).
+    let old_uid = api.get("v1", "pods", "team-a", "q").unwrap()["metadata"]["uid"].clone();
+    api.delete("v1", "pods", "team-a", "q").unwrap();
+    api.create(pod("q", 16384)).unwrap();
+    let stale = s
+        .call(
+            "/bind",
+            kube_scheduler::bind_args("team-a", "q", &old_uid, "n1"),
+        )
+        .await;
     assert!(
-        r["Error"]
+        stale["Error"]
             .as_str()
-            .unwrap()
-            .starts_with("writing the assignment annotation:"),
-        "{r}"
+            .is_some_and(|e| e.contains("Precondition failed") || e.contains("UID changed")),
+        "{stale}"
     );
-    assert!(!api.requests().iter().any(|r| r.path.ends_with("/binding")));
-    // Retried, it binds (the failed attempts held nothing).
+    assert!(node_name_of(&api, "q").is_none());
+    // Bound by its own UID, it binds (the failed attempts held nothing).
     assert_eq!(s.bind(&api, "q", "n1").await, json!({}));
     assert_eq!(node_name_of(&api, "q").as_deref(), Some("n1"));
     let (_, text) = http(s.metrics, "GET", "/metrics", "").await;
     for want in [
-        r#"vgpu_scheduler_binds_total{result="binding-failed"} 1"#,
-        r#"vgpu_scheduler_binds_total{result="patch-failed"} 1"#,
+        r#"vgpu_scheduler_binds_total{result="binding-failed"} "#,
         r#"vgpu_scheduler_binds_total{result="bound"} 1"#,
     ] {
         assert!(text.contains(want), "missing {want} in:\n{text}");

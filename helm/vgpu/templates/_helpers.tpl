@@ -103,6 +103,10 @@ global.imageRegistry; the tag defaults to the chart's appVersion. */}}
 {{- if not (kindIs "bool" .Values.scheduler.extender.chooseNode) -}}
 {{- fail (printf "scheduler.extender.chooseNode must be true or false, not %v" .Values.scheduler.extender.chooseNode) -}}
 {{- end -}}
+{{- $p := .Values.scheduler.percentageOfNodesToScore -}}
+{{- if or (not (regexMatch "^[0-9]+$" (toString $p))) (gt (int $p) 100) -}}
+{{- fail (printf "scheduler.percentageOfNodesToScore must be a whole number from 0 (kube-scheduler's adaptive default) to 100, not %v" $p) -}}
+{{- end -}}
 {{- range $key := list "headerReadTimeout" "bodyReadTimeout" "idleTimeout" -}}
 {{- $v := toString (index $.Values.webhook $key) -}}
 {{- if or (not (regexMatch "^[0-9]+(ms|s|m)?$" $v)) (regexMatch "^0+(ms|s|m)?$" $v) -}}

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -477,8 +477,12 @@ impl AppState {
         })
     }
 
-    /// The bind verb: place the pod on the chosen node (assumed under the lock), write its
-    /// assignment annotation, then create the Binding; on any failure undo both.
+    /// The bind verb: place the pod on the chosen node (assumed under the lock) and create its
+    /// Binding, which carries the assignment annotation: the API server copies a Binding's
+    /// annotations onto the pod in the same write that sets `spec.nodeName`
+    /// (`setPodNodeAndMetadata`, pkg/registry/core/pod/storage/storage.go), so the pod is never
+    /// seen bound without its assignment, and a bind is one write (no pod update, so no
+    /// admission review of one either). On failure the hold is dropped.
     pub async fn bind(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
         let client = self.client.clone().ok_or(BindError::NoClient)?;
         let pods: Api<Pod> = Api::namespaced(client, &args.pod_namespace);
@@ -514,48 +518,23 @@ impl AppState {
                 (uid, assignment)
             }
         };
-        let mut annotated = false;
-        if let Some(assignment) = assignment {
-            // The UID makes the patch fail on a pod recreated under the same name (it is
-            // immutable).
-            let patch =
-                json!({"metadata": {"uid": uid, "annotations": {ASSIGNMENT: assignment.encode()}}});
-            if let Err(e) = pods
-                .patch(
-                    &args.pod_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                write(&self.cluster).forget(&uid);
-                return Err(BindError::Patch(e.to_string()));
-            }
-            annotated = true;
+        // The UID is the write's precondition: a pod recreated under the same name is not bound.
+        let mut metadata =
+            json!({"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid});
+        if let Some(assignment) = &assignment {
+            metadata["annotations"] = json!({ASSIGNMENT: assignment.encode()});
         }
         let binding = json!({
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         });
         let bound: Result<serde_json::Value, _> = pods
             .create_subresource("binding", &args.pod_name, &PostParams::default(), &binding)
             .await;
         if let Err(e) = bound {
-            if annotated {
-                let undo = json!({"metadata": {"annotations": {ASSIGNMENT: null}}});
-                if let Err(u) = pods
-                    .patch(
-                        &args.pod_name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&undo),
-                    )
-                    .await
-                {
-                    tracing::error!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), error = %u,
-                        "rolling back the assignment annotation failed; the next bind replaces it");
-                }
+            if assignment.is_some() {
                 write(&self.cluster).forget(&uid);
             }
             return Err(BindError::Binding(e.to_string()));
@@ -582,10 +561,7 @@ pub enum BindError {
     /// The node no longer has room (another pod took it since the filter).
     #[error("{0}")]
     NoFit(String),
-    /// Writing the assignment failed.
-    #[error("writing the assignment annotation: {0}")]
-    Patch(String),
-    /// Creating the Binding failed (assignment rolled back).
+    /// Creating the Binding (with the assignment) failed; nothing was written.
     #[error("creating the binding: {0}")]
     Binding(String),
 }
@@ -594,7 +570,6 @@ impl BindError {
     fn metric(&self) -> &'static str {
         match self {
             BindError::NoFit(_) => "no-fit",
-            BindError::Patch(_) => "patch-failed",
             BindError::Binding(_) => "binding-failed",
             BindError::NoClient | BindError::Get(_) | BindError::UidChanged | BindError::Pod(_) => {
                 "pod-error"

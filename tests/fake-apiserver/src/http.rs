@@ -272,13 +272,30 @@ fn dispatch(
         ("GET", Some(name), None | Some("status")) => Ok(ok(store.get(&t.rt, &ns, name)?)),
         ("POST", None, None) => Ok(created(store.create(&t.rt, &ns, parse_body()?, dry_run)?)),
         ("POST", Some(name), Some("binding")) if t.rt.plural == "pods" => {
-            // pods/binding: sets spec.nodeName once; a bound pod answers 409 Conflict.
+            // pods/binding as `setPodNodeAndMetadata` (pkg/registry/core/pod/storage/storage.go):
+            // sets spec.nodeName once (a bound pod answers 409 Conflict), with the Binding's UID
+            // as a precondition, and copies the Binding's annotations and labels onto the pod in
+            // the same write.
             let b = parse_body()?;
             let node = b
                 .pointer("/target/name")
                 .and_then(Value::as_str)
                 .unwrap_or("");
             let pod = store.get(&t.rt, &ns, name)?;
+            let want_uid = b.pointer("/metadata/uid").and_then(Value::as_str);
+            let uid = pod.pointer("/metadata/uid").and_then(Value::as_str);
+            if let (Some(want), Some(uid)) = (want_uid.filter(|u| !u.is_empty()), uid) {
+                if want != uid {
+                    return Err(ApiError {
+                        code: 409,
+                        reason: "Conflict",
+                        message: format!(
+                            "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
+                        ),
+                        details: None,
+                    });
+                }
+            }
             if let Some(cur) = pod.pointer("/spec/nodeName").and_then(Value::as_str) {
                 return Err(ApiError {
                     code: 409,
@@ -289,6 +306,16 @@ fn dispatch(
             }
             let mut p = pod;
             p["spec"]["nodeName"] = node.into();
+            for key in ["annotations", "labels"] {
+                if let Some(Value::Object(add)) = b.pointer(&format!("/metadata/{key}")) {
+                    if !p["metadata"][key].is_object() {
+                        p["metadata"][key] = Value::Object(Default::default());
+                    }
+                    for (k, v) in add {
+                        p["metadata"][key][k] = v.clone();
+                    }
+                }
+            }
             let mut s = ApiError::invalid("").to_status();
             store.update(&t.rt, &ns, name, p, false, dry_run)?;
             s["status"] = "Success".into();
