@@ -149,14 +149,14 @@ pub const SCHEDULER: Component = Component {
         ApiAccess::cluster(
             "",
             "pods",
-            &["get", "list", "watch", "patch"],
-            "what is already placed on each GPU; patch writes the assignment annotation",
+            &["get", "list", "watch"],
+            "what is already placed on each GPU",
         ),
         ApiAccess::cluster(
             "",
             "pods/binding",
             &["create"],
-            "bind a pod to the chosen node after writing its assignment",
+            "bind a pod to the chosen node; the Binding carries its assignment",
         ),
         ApiAccess::cluster(
             "",

@@ -261,13 +261,14 @@ fn check_rbac(c: &Cluster) {
             false,
         ),
         // The same ServiceAccount runs kube-scheduler (system:kube-scheduler: bindings, and pod
-        // deletes for preemption) and the extender (the assignment patch).
+        // deletes for preemption) and the extender (whose Binding carries the assignment: it
+        // patches no pod).
         (
             "vgpu-scheduler",
             &["create", "pods", "--subresource=binding", "-n", TENANT],
             true,
         ),
-        ("vgpu-scheduler", &["patch", "pods", "-n", TENANT], true),
+        ("vgpu-scheduler", &["patch", "pods", "-n", TENANT], false),
         ("vgpu-scheduler", &["create", "pods", "-n", TENANT], false),
         ("vgpu-scheduler", &["get", "secrets", "-n", NS], false),
         ("vgpu-device-plugin", &["patch", "nodes"], true),

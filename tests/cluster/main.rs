@@ -130,7 +130,8 @@ fn two_nodes_journey() {
 /// `VGPU_SCALE_NODES` (5000), `VGPU_SCALE_VGPU_PODS` (10000), `VGPU_SCALE_PLAIN_PODS` (10000),
 /// `VGPU_SCALE_DRA_PODS` (10000: claims of class `gpu.vgpu.io` from templates; every simulated
 /// node also gets its DRA plugin's ResourceSlice),
-/// `VGPU_SCALE_IN_FLIGHT` (32) size it; `VGPU_SCALE_QPS` and `VGPU_SCALE_BURST` set
+/// `VGPU_SCALE_IN_FLIGHT` (32) size it; `VGPU_SCALE_FILL=1` adds vGPU pods until the cluster's
+/// GPUs are asked for once over and reports the allocation reached against `vgpu-sim`'s; `VGPU_SCALE_QPS` and `VGPU_SCALE_BURST` set
 /// kube-scheduler's clientConnection (the chart sets none: kube-scheduler's defaults, 50 and 100);
 /// `VGPU_SCALE_CHART_SET` (`a=b,c=d`) renders the chart with other values.
 /// It fails when a pod is not bound, a bind fails or a GPU is over-committed; the rates are
@@ -160,6 +161,7 @@ fn scale_benchmark() {
         plain_pods: env("VGPU_SCALE_PLAIN_PODS", 10_000),
         dra_pods: env("VGPU_SCALE_DRA_PODS", 10_000),
         in_flight: env("VGPU_SCALE_IN_FLIGHT", 32),
+        fill: env("VGPU_SCALE_FILL", 0) > 0,
         phase_limit: std::time::Duration::from_secs(env("VGPU_SCALE_PHASE_LIMIT_S", 600) as u64),
         client_connection: if connection.as_object().is_some_and(|c| !c.is_empty()) {
             connection.to_string()

@@ -85,6 +85,11 @@ pub struct Size {
     pub dra_pods: usize,
     /// Creations and node writes in flight at once.
     pub in_flight: usize,
+    /// After the other phases, vGPU pods of the trace's shapes until their requests reach the
+    /// cluster's GPUs (100 % arrival, the simulator's measuring point), on top of what the vGPU
+    /// phase placed; some then fit nowhere. The report compares the allocation the cluster reached
+    /// with the simulator's (`ours-live`, the chart's sample) for the same pods in the same order.
+    pub fill: bool,
     /// How long a phase may take before the pods still not bound count as failures.
     pub phase_limit: Duration,
     /// kube-scheduler's clientConnection, as the report states it.
@@ -412,6 +417,20 @@ pub struct Report {
     pub peak_rss_mib: Vec<(String, f64)>,
     /// The clientConnection kube-scheduler ran with.
     pub client_connection: String,
+    /// With [`Size::fill`]: the GPUs' allocation (%) the cluster reached and the simulator's for
+    /// the same pods.
+    pub fill: Option<Fill>,
+}
+
+/// What [`Size::fill`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Fill {
+    /// Allocated share of the cluster's GPUs (%), on the cluster.
+    pub cluster_pct: f64,
+    /// The same in `vgpu-sim` for the same pods and nodes.
+    pub sim_pct: f64,
+    /// kube-scheduler's percentageOfNodesToScore the simulator was told.
+    pub percentage: u32,
 }
 
 impl Report {
@@ -470,6 +489,12 @@ impl Report {
                 ));
             }
         }
+        if let Some(f) = &self.fill {
+            out.push(format!(
+                "fill: GPUs {:.2} % allocated on the cluster, {:.2} % in vgpu-sim (ours-live, percentageOfNodesToScore {}) for the same pods in the same order",
+                f.cluster_pct, f.sim_pct, f.percentage
+            ));
+        }
         out.push(format!(
             "peak RSS MiB: {}",
             self.peak_rss_mib
@@ -515,7 +540,8 @@ impl Report {
             ));
         }
         for p in &self.phases {
-            if p.bound < p.pods || !p.create_errors.is_empty() {
+            // The fill phase asks for more than fits: some of its pods stay pending.
+            if (p.bound < p.pods && p.kind != "fill") || !p.create_errors.is_empty() {
                 e.push(format!(
                     "{}: {} of {} bound, create errors {:?}",
                     p.kind,
@@ -866,6 +892,14 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
         ("vgpu", size.vgpu_pods),
         ("dra", size.dra_pods),
         ("dra-direct", size.dra_pods),
+        (
+            "fill",
+            if size.fill {
+                fill_count(&shapes, size.nodes, size.vgpu_pods)
+            } else {
+                0
+            },
+        ),
     ] {
         if n == 0 {
             continue;
@@ -900,6 +934,7 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
                 let pod = match kind {
                     "dra" => dra_pod_object(&name, kind, shape, false),
                     "dra-direct" => dra_pod_object(&name, kind, shape, true),
+                    "fill" => relabel(pod_object(&name, "vgpu", shape), kind),
                     _ => pod_object(&name, kind, shape),
                 };
                 (name, pod)
@@ -927,6 +962,13 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
     )
     .await
     .iter()
+    // The fill phase's pods that fit nowhere are meant to fail.
+    .filter(|e| {
+        !e.involved_object
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("fill-"))
+    })
     .map(|e| {
         format!(
             "{}: {}",
@@ -940,13 +982,25 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
         ListParams::default().labels(&format!("{LABEL}=vgpu")),
     )
     .await;
-    let (slices, mut overcommits) = check_assignments(&placed, &invs);
+    let filled = list_all(
+        &pods,
+        ListParams::default().labels(&format!("{LABEL}=fill")),
+    )
+    .await;
+    let both: Vec<Pod> = placed.iter().chain(&filled).cloned().collect();
+    let (slices, mut overcommits) = check_assignments(&both, &invs);
     if size.dra_pods > 0 {
         let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
         overcommits.extend(check_claims(
             &list_all(&claims, ListParams::default()).await,
         ));
     }
+
+    let fill = if size.fill {
+        Some(fill_report(parts, &shapes, size.nodes, &placed, &filled))
+    } else {
+        None
+    };
 
     let _ = stop_tx.send(true);
     // A task that panicked (the pod watch refused) fails the run here.
@@ -967,6 +1021,7 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
         heartbeats: (sent, hb_failed, heartbeat),
         peak_rss_mib: procs.iter().map(|p| p.name.clone()).zip(peak).collect(),
         client_connection: size.client_connection.clone(),
+        fill,
     };
     // Printed before the cleanup, which can fail on its own.
     for l in report.lines() {
@@ -974,6 +1029,121 @@ async fn run_async(parts: &Parts<'_>, size: &Size) -> Report {
     }
     clean(&client, size.in_flight).await;
     report
+}
+
+/// The milli-GPUs a vGPU pod of shape `s` holds on the cluster: whole cards, or the percentage
+/// [`pod_object`] asks (`gpu_milli` rounded up to 1 %).
+fn held_milli(s: Shape0) -> u64 {
+    if s.gpus > 1 {
+        u64::from(s.gpus) * 1000
+    } else {
+        u64::from(s.gpu_milli.div_ceil(10).clamp(1, 100)) * 10
+    }
+}
+
+/// How many trace pods, in order from the first, bring the arrived GPU request (with the
+/// `before` pods of the vGPU phase) to the GPUs of `nodes` nodes.
+fn fill_count(shapes: &[Shape0], nodes: usize, before: usize) -> usize {
+    let capacity = nodes as u64 * u64::from(GPUS) * 1000;
+    let mut arrived: u64 = (0..before)
+        .map(|i| held_milli(shapes[i % shapes.len()]))
+        .sum();
+    for i in 0.. {
+        if arrived >= capacity {
+            return i;
+        }
+        arrived += held_milli(shapes[i % shapes.len()]);
+    }
+    unreachable!()
+}
+
+/// A pod labelled `kind` instead of the kind it was made as.
+fn relabel(mut pod: Pod, kind: &str) -> Pod {
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.insert(LABEL.into(), kind.into());
+    }
+    pod
+}
+
+/// The fill phase against the simulator: the allocation the cluster reached (the vGPU phase's
+/// pods and the fill pods bound) and what `vgpu-sim`'s `ours-live` (the extender's own placement
+/// code) reaches with the same pods in the same order on the same nodes, with the chart's
+/// `percentageOfNodesToScore`.
+fn fill_report(
+    parts: &Parts<'_>,
+    shapes: &[Shape0],
+    nodes: usize,
+    vgpu: &[Pod],
+    filled: &[Pod],
+) -> Fill {
+    use vgpu_sim::trace::{NodeRow, PodRow};
+    let index =
+        |p: &Pod| -> Option<usize> { p.metadata.name.as_deref()?.rsplit('-').next()?.parse().ok() };
+    let capacity = nodes as f64 * f64::from(GPUS) * 1000.0;
+    let cluster: u64 = vgpu
+        .iter()
+        .chain(filled)
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+        .filter_map(|p| index(p).map(|i| held_milli(shapes[i % shapes.len()])))
+        .sum();
+    let config: Value = serde_yaml::from_str(
+        parts.chart.get("ConfigMap", "vgpu-scheduler")["data"]["config.yaml"]
+            .as_str()
+            .expect("the chart's KubeSchedulerConfiguration"),
+    )
+    .expect("YAML");
+    let percentage = config["percentageOfNodesToScore"].as_u64().unwrap_or(0) as u32;
+    let rows: Vec<NodeRow> = (0..nodes)
+        .map(|i| NodeRow {
+            name: node_name(i),
+            cpu_milli: 128_000,
+            memory_mib: 768 * 1024,
+            gpus: GPUS,
+            model: MODEL.into(),
+        })
+        .collect();
+    // The vGPU phase's pods, then the fill's: the order they were created in.
+    let pods: Vec<PodRow> = (0..vgpu.len())
+        .chain(0..filled.len())
+        .map(|i| {
+            let s = shapes[i % shapes.len()];
+            let milli = held_milli(s);
+            PodRow {
+                cpu_milli: s.cpu_milli,
+                memory_mib: s.memory_mib,
+                num_gpu: s.gpus,
+                gpu_milli: if s.gpus > 1 { 1000 } else { milli as u32 },
+                gpu_spec: Vec::new(),
+            }
+        })
+        .collect();
+    let mut cluster_model = vgpu_sim::Cluster::new(&rows).expect("the simulated nodes");
+    let trace = vgpu_sim::Trace::new("scale", &pods, &mut cluster_model).expect("the pods");
+    let opts = vgpu_sim::RunOptions {
+        percentage_of_nodes_to_score: percentage,
+        ..vgpu_sim::RunOptions::default()
+    };
+    let run = vgpu_sim::simulate_with(
+        &cluster_model,
+        &trace,
+        &trace.pods,
+        vgpu_sim::Policy::OursLive,
+        42,
+        1.0,
+        opts,
+    );
+    let sim: u64 = run
+        .placements
+        .iter()
+        .zip(&pods)
+        .filter(|(placed, _)| placed.is_some())
+        .map(|(_, p)| u64::from(p.num_gpu) * u64::from(p.gpu_milli))
+        .sum();
+    Fill {
+        cluster_pct: cluster as f64 * 100.0 / capacity,
+        sim_pct: sim as f64 * 100.0 / capacity,
+        percentage,
+    }
 }
 
 async fn list_all<K>(api: &Api<K>, lp: ListParams) -> Vec<K>
@@ -1032,6 +1202,19 @@ async fn run_phase(
         };
         if bound + errors.len() >= n || Instant::now() > deadline {
             break;
+        }
+        // The fill phase's pods that fit nowhere stay pending: it ends once nothing was bound
+        // for longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s).
+        if kind == "fill" {
+            let t = tracker.lock().expect("tracker");
+            let last = names
+                .iter()
+                .filter_map(|n| t.bound.get(n).map(|(at, _)| *at))
+                .max()
+                .unwrap_or(started + created_in);
+            if last.max(started + created_in).elapsed() > Duration::from_secs(15) {
+                break;
+            }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1288,6 +1471,7 @@ pub fn tier_step(parts: &Parts<'_>) {
         plain_pods: 300,
         dra_pods: 100,
         in_flight: 16,
+        fill: false,
         phase_limit: Duration::from_secs(60),
         client_connection: CHART_CONNECTION.into(),
     };
