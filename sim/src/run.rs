@@ -88,8 +88,8 @@ pub struct RunOptions {
     pub score_cache: bool,
     /// The tie rule.
     pub ties: Ties,
-    /// kube-scheduler's `percentageOfNodesToScore` (100: every node, as the chart sets it; 0: its
-    /// adaptive default). Below 100 a pod sees only the window kube-scheduler samples: the next
+    /// kube-scheduler's `percentageOfNodesToScore` (100: every node; 0: its adaptive default, the
+    /// chart's). Below 100 a pod sees only the window kube-scheduler samples: the next
     /// [`feasible_nodes_to_find`] nodes that pass its own filters, from where the last pod's
     /// search stopped (`nextStartNodeIndex`); a pod that fits no node of its window is retried on
     /// the next one, as kube-scheduler's backoff would.
