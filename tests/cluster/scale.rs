@@ -462,24 +462,25 @@ impl Report {
                     .join(", ")
             ));
         }
-        let rate = |kind: &str| self.rate(kind);
-        if let (Some(plain), Some(vgpu)) = (rate("plain"), rate("vgpu")) {
+        if let (Some(plain), Some(vgpu)) = (self.rate("plain"), self.rate("vgpu")) {
             if plain > 0.0 {
                 out.push(format!("vGPU/plain rate ratio {:.2}", vgpu / plain));
             }
         }
-        if let (Some(plain), Some(dra)) = (rate("plain"), rate("dra")) {
+        if let (Some(plain), Some(dra)) = (self.rate("plain"), self.rate("dra")) {
             if plain > 0.0 {
-                let vs_vgpu = rate("vgpu")
+                let vs_vgpu = self
+                    .rate("vgpu")
                     .filter(|v| *v > 0.0)
                     .map(|v| format!(", DRA/vGPU {:.2}", dra / v))
                     .unwrap_or_default();
                 out.push(format!("DRA/plain rate ratio {:.2}{vs_vgpu}", dra / plain));
             }
         }
-        if let (Some(plain), Some(dra)) = (rate("plain"), rate("dra-direct")) {
+        if let (Some(plain), Some(dra)) = (self.rate("plain"), self.rate("dra-direct")) {
             if plain > 0.0 {
-                let vs_vgpu = rate("vgpu")
+                let vs_vgpu = self
+                    .rate("vgpu")
                     .filter(|v| *v > 0.0)
                     .map(|v| format!(", DRA-direct/vGPU {:.2}", dra / v))
                     .unwrap_or_default();
@@ -1045,16 +1046,15 @@ fn held_milli(s: Shape0) -> u64 {
 /// `before` pods of the vGPU phase) to the GPUs of `nodes` nodes.
 fn fill_count(shapes: &[Shape0], nodes: usize, before: usize) -> usize {
     let capacity = nodes as u64 * u64::from(GPUS) * 1000;
-    let mut arrived: u64 = (0..before)
-        .map(|i| held_milli(shapes[i % shapes.len()]))
-        .sum();
-    for i in 0.. {
-        if arrived >= capacity {
-            return i;
-        }
-        arrived += held_milli(shapes[i % shapes.len()]);
-    }
-    unreachable!()
+    let held = |i: usize| held_milli(shapes[i % shapes.len()]);
+    let mut arrived: u64 = (0..before).map(held).sum();
+    (0..)
+        .find(|&i| {
+            let full = arrived >= capacity;
+            arrived += held(i);
+            full
+        })
+        .unwrap_or_default()
 }
 
 /// A pod labelled `kind` instead of the kind it was made as.
