@@ -32,6 +32,9 @@ pub const NODE_HEARTBEAT: &str = "vgpu.io/node-heartbeat";
 /// `pkg/device/nvidia/device.go` `DeviceCordonAnnotation`: a comma list of GPU UUIDs; pods
 /// already on them keep running).
 pub const DEVICE_CORDON: &str = "hami.io/device-cordon";
+/// On a ReplicaSet, StatefulSet, DaemonSet or Job whose pod the webhook refused for quota: when it
+/// last asked the controller to try again because room may have appeared (RFC 3339).
+pub const QUOTA_RETRY: &str = "vgpu.io/quota-retry";
 /// Annotations only vgpu may set; a pod that sets them at CREATE is refused by the validating webhook.
 pub const RESERVED_POD_ANNOTATIONS: &[&str] = &[ASSIGNMENT, ALLOCATED];
 

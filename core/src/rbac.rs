@@ -105,6 +105,30 @@ pub const WEBHOOK: Component = Component {
             &["create", "get", "update"],
             "record each rejection as an Event (get, update: aggregate repeats in its series)",
         ),
+        ApiAccess::cluster(
+            "apps",
+            "replicasets",
+            &["patch"],
+            "ask a controller whose pod was refused for quota to retry once room may have appeared (annotation vgpu.io/quota-retry)",
+        ),
+        ApiAccess::cluster(
+            "apps",
+            "statefulsets",
+            &["patch"],
+            "ask a controller whose pod was refused for quota to retry once room may have appeared (annotation vgpu.io/quota-retry)",
+        ),
+        ApiAccess::cluster(
+            "apps",
+            "daemonsets",
+            &["patch"],
+            "ask a controller whose pod was refused for quota to retry once room may have appeared (annotation vgpu.io/quota-retry)",
+        ),
+        ApiAccess::cluster(
+            "batch",
+            "jobs",
+            &["patch"],
+            "ask a controller whose pod was refused for quota to retry once room may have appeared (annotation vgpu.io/quota-retry)",
+        ),
         ApiAccess::dra(
             "resource.k8s.io",
             "resourceslices",

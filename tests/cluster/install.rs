@@ -4,7 +4,7 @@
 //! journey against the installed components, least privilege checked with `kubectl auth can-i`,
 //! and `helm uninstall` leaving nothing that could block a pod.
 
-use crate::journey::{capped_pod, probe_pod, slice_pod};
+use crate::journey::{capped_pod, free_slots, probe_pod, slice_pod};
 use crate::kube::{Cluster, CONTAINERD_SOCKET, WAIT};
 use crate::parts::{GPU_MIB, GPU_MODEL, GPU_UUID};
 use crate::{report, sh};
@@ -252,6 +252,21 @@ fn check_rbac(c: &Cluster) {
             "vgpu-webhook",
             &["create", "events.events.k8s.io", "-n", TENANT],
             true,
+        ),
+        (
+            "vgpu-webhook",
+            &["patch", "replicasets.apps", "-n", TENANT],
+            true,
+        ),
+        (
+            "vgpu-webhook",
+            &["update", "replicasets.apps", "-n", TENANT],
+            false,
+        ),
+        (
+            "vgpu-webhook",
+            &["patch", "deployments.apps", "-n", TENANT],
+            false,
         ),
         ("vgpu-webhook", &["get", "secrets", "-n", NS], false),
         ("vgpu-webhook", &["create", "pods", "-n", TENANT], false),
@@ -528,6 +543,7 @@ fn lifecycle(c: &Cluster) {
         after["status"]["containerStatuses"][0]["restartCount"], 0,
         "upgrade: the running workload restarted"
     );
+    node_gains_capacity(c);
 
     without_failed_admissions(c, "a webhook replica killed", || {
         let pods = c.json(&[
@@ -624,6 +640,63 @@ fn lifecycle(c: &Cluster) {
         "{step}: `kubectl logs job/renew-broken` does not say why: {logs}"
     );
     c.delete(&["job", "renew-broken", "-n", NS]);
+}
+
+/// Issue 38 (b): a node gains capacity. With the GPU split in 4, pods hold every slot and one
+/// more waits (kube-scheduler: Insufficient nvidia.com/gpu); `helm upgrade` back to 10 restarts the
+/// device plugin, which registers ten: how long the waiting pod takes once the Node shows them.
+fn node_gains_capacity(c: &Cluster) {
+    let step = "upgrade to 10 slots";
+    let names: Vec<String> = (0..=free_slots(c)).map(|i| format!("slot-{i}")).collect();
+    for name in &names {
+        c.create_in(BURST, slice_pod(name, 256, 0))
+            .unwrap_or_else(|e| panic!("{step}: {name}: {e}"));
+    }
+    let (waiting, holding) = names.split_last().expect("one pod at least");
+    for name in holding {
+        c.wait_running(BURST, name, step);
+    }
+    vgpu_tests::wait_for(WAIT, &format!("{step}: {waiting} Pending"), || {
+        let d = c.kubectl(&["describe", "pod", waiting, "-n", BURST]).ok()?;
+        d.contains("Insufficient nvidia.com/gpu").then_some(())
+    });
+    let started = Instant::now();
+    let (shown, running) = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            let deadline = started + Duration::from_secs(300);
+            let (mut shown, mut running) = (None, None);
+            while (shown.is_none() || running.is_none()) && Instant::now() < deadline {
+                if shown.is_none() {
+                    let node = c.get(&["node", &c.node]).unwrap_or_default();
+                    if node["status"]["allocatable"]["nvidia.com/gpu"] == "10" {
+                        shown = Some(Instant::now());
+                    }
+                }
+                if running.is_none()
+                    && c.pod(BURST, waiting).unwrap_or_default()["status"]["phase"] == "Running"
+                {
+                    running = Some(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (shown, running)
+        });
+        upgrade(c, &["devicePlugin.deviceSplitCount=10"]);
+        watch.join().expect("the watching thread")
+    });
+    let (Some(shown), Some(running)) = (shown, running) else {
+        panic!("{step}: the Node showed 10 at {shown:?}, {waiting} Running at {running:?}");
+    };
+    let waited = running.saturating_duration_since(shown).as_secs_f64();
+    report(&format!(
+        "wait: the device plugin restarted with 10 slots -> {waiting} Running {waited:.1} s after the Node showed them ({:.1} s after helm upgrade began)",
+        (running - started).as_secs_f64()
+    ));
+    assert!(waited < 5.0, "{step}: {waiting} waited {waited:.1} s");
+    let mut all = vec!["pod"];
+    all.extend(names.iter().map(String::as_str));
+    all.extend(["-n", BURST]);
+    c.delete(&all);
 }
 
 /// `helm uninstall`: no webhook configuration is left to block pod creation, the node's capacity

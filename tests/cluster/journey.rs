@@ -78,6 +78,41 @@ pub fn slice_pod(name: &str, mib: u64, cores: u32) -> Value {
     )
 }
 
+/// How many of the node's `nvidia.com/gpu` devices no running or pending pod on it holds.
+pub fn free_slots(c: &Cluster) -> usize {
+    let node = c.json(&["get", "node", &c.node]);
+    let allocatable = node["status"]["allocatable"]["nvidia.com/gpu"]
+        .as_str()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-A",
+        "--field-selector",
+        &format!("spec.nodeName={}", c.node),
+    ]);
+    let held: usize = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+        .flat_map(|p| {
+            p["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|c| {
+            c["resources"]["limits"]["nvidia.com/gpu"]
+                .as_str()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    allocatable.saturating_sub(held)
+}
+
 /// A pod without any GPU: busybox sleeping.
 pub fn plain_pod(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -370,6 +405,83 @@ impl<'p, 'c> Journey<'p, 'c> {
             running["status"]["replicas"], 1,
             "{step}: ReplicaSet {rs} made more pods than the quota allows"
         );
+        self.quota_raised_lets_the_replicas_in(&rs);
+    }
+
+    /// Issue 38 (d): the quota raised while the ReplicaSet backs off. Its controller retries a
+    /// refused creation with a per-item backoff doubling from 5 ms (a 13th failure comes about 20
+    /// s after the first, and the next retry 20 s later) and does not watch ResourceQuotas; the
+    /// webhook nudges the owners it refused when a quota of their namespace changes.
+    fn quota_raised_lets_the_replicas_in(&self, rs: &str) {
+        let step = "step 2d (quota raised)";
+        let c = self.cluster();
+        let failures = || -> u64 {
+            c.json(&["get", "events", "-n", NS])["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["involvedObject"]["name"] == rs && e["reason"] == "FailedCreate")
+                .map(|e| e["count"].as_u64().unwrap_or(1))
+                .sum()
+        };
+        vgpu_tests::wait_for(
+            Duration::from_secs(90),
+            &format!("{step}: ReplicaSet {rs} refused 13 times"),
+            || (failures() >= 13).then_some(()),
+        );
+        // probe-a and three replicas of 4096 MiB.
+        let raised = Instant::now();
+        c.kubectl(&[
+            "patch",
+            "resourcequota",
+            "gpu-quota",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            &json!({"spec": {"hard": {"limits.nvidia.com/gpumem": (4 * 4096).to_string()}}})
+                .to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let mut seen: Vec<f64> = Vec::new();
+        vgpu_tests::wait_for(WAIT, &format!("{step}: three replicas Running"), || {
+            let d = c.get(&["deployment", "replicas", "-n", NS])?;
+            let ready = d["status"]["readyReplicas"].as_u64().unwrap_or(0) as usize;
+            while seen.len() + 1 < ready {
+                seen.push(raised.elapsed().as_secs_f64());
+            }
+            (ready == 3).then_some(())
+        });
+        crate::report(&format!(
+            "wait: quota raised (ReplicaSet refused {} times) -> the two waiting replicas Running in {:.1} s, {:.1} s",
+            failures(),
+            seen[0],
+            seen[1]
+        ));
+        assert!(
+            seen[1] < 5.0,
+            "{step}: the replicas waited {:.1} s for the raised quota",
+            seen[1]
+        );
+        // Back to one replica under the journey's quota for step 4.
+        c.kubectl(&["scale", "deployment", "replicas", "-n", NS, "--replicas=1"])
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        c.kubectl(&[
+            "patch",
+            "resourcequota",
+            "gpu-quota",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            &json!({"spec": {"hard": {"limits.nvidia.com/gpumem": QUOTA_MIB.to_string()}}})
+                .to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+        vgpu_tests::wait_for(WAIT, &format!("{step}: back to one replica"), || {
+            let pods = c.json(&["get", "pods", "-n", NS, "-l", "app=replicas"]);
+            (pods["items"].as_array().map(Vec::len) == Some(1)).then_some(())
+        });
     }
 
     /// Step 3: a pod no GPU can hold stays Pending and `kubectl describe pod` says why: the
@@ -422,14 +534,11 @@ impl<'p, 'c> Journey<'p, 'c> {
                 .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .map(|v| v as u64)
         };
-        let before =
-            vgpu_tests::wait_for(WAIT, &format!("{step}: the scheduler's /metrics"), || {
-                allocated(&http_get(metrics, "/metrics")?.1)
-            });
-        assert_eq!(
-            before,
-            8192 * MIB,
-            "{step}: the scheduler counts probe-a and one replica"
+        // Step 2d's scaled-down replicas leave as the scheduler's pod watch delivers them.
+        vgpu_tests::wait_for(
+            WAIT,
+            &format!("{step}: the scheduler counts probe-a and one replica"),
+            || (allocated(&http_get(metrics, "/metrics")?.1)? == 8192 * MIB).then_some(()),
         );
         // The `gap-aware` host terms: every bound pod that has not finished, vGPU or not,
         // counted from the real API server's pod watch.
@@ -746,58 +855,79 @@ impl<'p, 'c> Journey<'p, 'c> {
         c.wait_running(NS_FREE, "joins", step);
         c.delete(&["pod", "joins", "-n", NS_FREE]);
 
-        // Several pods waiting at once (issue 38): a mutex pod holds the GPU, six more wait;
-        // once it is gone, how long until each runs, and in which order they were bound.
+        // Fifty pods waiting at once (issue 38): a mutex pod holds the GPU and fifty small pods
+        // wait; once it is gone they start in rounds of the GPU's free slots (`--split-count`),
+        // each round deleted to make room for the next. How long each waits from the change
+        // (the hog or the round before gone), and whether they start in creation order.
         create("hog", true);
         c.wait_running(NS_FREE, "hog", step);
-        let waiting: Vec<String> = (0..6).map(|i| format!("waits-{i}")).collect();
-        for name in &waiting {
-            create(name, false);
+        let free_slots = free_slots(c) + 1;
+        let mut left: Vec<String> = (0..50).map(|i| format!("waits-{i:02}")).collect();
+        for name in &left {
+            c.create_in(NS_FREE, slice_pod(name, 256, 0))
+                .unwrap_or_else(|e| panic!("{step}: {name}: {e}"));
         }
         pending_because(
-            "waits-5",
+            "waits-49",
             "no GPU free of an exclusive pod (gpucores 100 or mutex)",
         );
         c.delete(&["pod", "hog", "-n", NS_FREE]);
-        let freed = Instant::now();
-        let mut bound: Vec<(String, f64)> = Vec::new();
-        let mut running: Vec<(String, f64)> = Vec::new();
-        vgpu_tests::wait_for(
-            WAIT,
-            &format!("{step}: the six waiting pods Running"),
-            || {
-                let pods = c.json(&["get", "pods", "-n", NS_FREE]);
-                let at = freed.elapsed().as_secs_f64();
-                for p in pods["items"].as_array().into_iter().flatten() {
-                    let name = p["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
-                    if !waiting.contains(&name) {
-                        continue;
+        let mut bound_waits: Vec<f64> = Vec::new();
+        let mut running_waits: Vec<f64> = Vec::new();
+        let mut out_of_order = Vec::new();
+        let mut rounds = 0;
+        while !left.is_empty() {
+            let changed = Instant::now();
+            let room = free_slots.min(left.len());
+            let mut bound: Vec<String> = Vec::new();
+            let mut running: Vec<String> = Vec::new();
+            vgpu_tests::wait_for(
+                WAIT,
+                &format!("{step}: {room} of the {} waiting pods Running", left.len()),
+                || {
+                    let pods = c.json(&["get", "pods", "-n", NS_FREE]);
+                    let at = changed.elapsed().as_secs_f64();
+                    for p in pods["items"].as_array().into_iter().flatten() {
+                        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                        if !left.iter().any(|l| l == name) {
+                            continue;
+                        }
+                        if !p["spec"]["nodeName"].is_null() && !bound.iter().any(|b| b == name) {
+                            bound.push(name.to_string());
+                            bound_waits.push(at);
+                        }
+                        if p["status"]["phase"] == "Running" && !running.iter().any(|r| r == name) {
+                            running.push(name.to_string());
+                            running_waits.push(at);
+                        }
                     }
-                    if !p["spec"]["nodeName"].is_null() && !bound.iter().any(|(n, _)| *n == name) {
-                        bound.push((name.clone(), at));
-                    }
-                    if p["status"]["phase"] == "Running" && !running.iter().any(|(n, _)| *n == name)
-                    {
-                        running.push((name, at));
-                    }
-                }
-                (running.len() == waiting.len()).then_some(())
-            },
-        );
-        let order: Vec<&str> = bound.iter().map(|(n, _)| &n["waits-".len()..]).collect();
+                    (running.len() >= room).then_some(())
+                },
+            );
+            assert_eq!(
+                bound.len(),
+                room,
+                "{step}: more pods bound than the GPU's {room} free slots: {bound:?}"
+            );
+            out_of_order.extend(bound.iter().filter(|b| !left[..room].contains(b)).cloned());
+            let mut delete = vec!["pod"];
+            delete.extend(bound.iter().map(String::as_str));
+            delete.extend(["-n", NS_FREE]);
+            c.delete(&delete);
+            left.retain(|l| !bound.contains(l));
+            rounds += 1;
+        }
+        let p99 = |waits: &mut Vec<f64>| {
+            waits.sort_by(f64::total_cmp);
+            waits[(waits.len() * 99).div_ceil(100) - 1]
+        };
         crate::report(&format!(
-            "wait: the GPU's mutex pod gone -> six waiting pods Running in {:.1}-{:.1} s; bound in the order {}",
-            running.iter().map(|r| r.1).fold(f64::MAX, f64::min),
-            running.iter().map(|r| r.1).fold(0.0, f64::max),
-            order.join(",")
+            "wait: fifty pods waiting, {rounds} rounds of {free_slots} slots -> bound p99 {:.1} s (max {:.1}), Running p99 {:.1} s (max {:.1}); started out of creation order: {out_of_order:?}",
+            p99(&mut bound_waits),
+            bound_waits.last().copied().unwrap_or_default(),
+            p99(&mut running_waits),
+            running_waits.last().copied().unwrap_or_default(),
         ));
-        let mut all = vec!["pod"];
-        all.extend(waiting.iter().map(String::as_str));
-        all.extend(["-n", NS_FREE]);
-        c.delete(&all);
     }
 
     /// Step 7: HAMi's task priority through the real kubelet: a pod with `nvidia.com/priority: 0`

@@ -241,6 +241,119 @@ async fn two_replicas_never_overshoot_the_quota() {
     );
 }
 
+/// A ReplicaSet whose pod was refused for quota is asked to retry (one annotation, which makes its
+/// controller sync at once) when the quota is raised, and again when a pod of the namespace goes
+/// away; an owner the webhook may not write to (a custom kind) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_refused_for_quota_is_asked_to_retry_when_room_may_have_appeared() {
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "train-7d9f", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "train"}}}});
+    let c = cluster(
+        vec![
+            quota("gpu-quota", json!({"requests.nvidia.com/gpumem": "4096"})),
+            rs,
+            gpu_pod("holder", 1, 4096),
+        ],
+        1,
+        60,
+    )
+    .await;
+    let retried = || {
+        c.api
+            .get("apps/v1", "replicasets", NS, "train-7d9f")
+            .and_then(|rs| {
+                rs.pointer("/metadata/annotations/vgpu.io~1quota-retry")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+    };
+    let owned = |name: &str, api_version: &str, kind: &str, owner: &str| {
+        let mut pod = gpu_pod(name, 1, 1024);
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": api_version, "kind": kind,
+            "name": owner, "uid": format!("uid-{owner}"), "controller": true}]);
+        pod
+    };
+    let refused = c
+        .validate(
+            0,
+            &owned("train-a", "apps/v1", "ReplicaSet", "train-7d9f"),
+            false,
+        )
+        .await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+    let custom = c
+        .validate(0, &owned("tf-a", "kubeflow.org/v1", "TFJob", "tf"), false)
+        .await;
+    assert_eq!(custom["allowed"], false, "{custom}");
+    assert_eq!(retried(), None, "asked before any room appeared");
+
+    c.api
+        .merge_patch(
+            "v1",
+            "resourcequotas",
+            NS,
+            "gpu-quota",
+            &json!({"spec": {"hard": {"requests.nvidia.com/gpumem": "5120"}}}),
+        )
+        .unwrap();
+    let first = vgpu_tests::wait_for_async(
+        Duration::from_secs(10),
+        "the ReplicaSet asked to retry after the quota changed",
+        || async { retried() },
+    )
+    .await;
+    let patches = |c: &Cluster| {
+        c.api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .map(|r| r.path.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        patches(&c),
+        vec![format!(
+            "/apis/apps/v1/namespaces/{NS}/replicasets/train-7d9f"
+        )],
+        "only the ReplicaSet is patched, once"
+    );
+
+    // Its retry fits; once asked it is forgotten, and refused again it is asked again when the
+    // holder goes away.
+    let fits = c
+        .validate(
+            0,
+            &owned("train-b", "apps/v1", "ReplicaSet", "train-7d9f"),
+            false,
+        )
+        .await;
+    assert_eq!(fits["allowed"], true, "{fits}");
+    let again = c
+        .validate(
+            0,
+            &owned("train-c", "apps/v1", "ReplicaSet", "train-7d9f"),
+            false,
+        )
+        .await;
+    assert_eq!(again["allowed"], false, "{again}");
+    c.api.delete("v1", "pods", NS, "holder").unwrap();
+    vgpu_tests::wait_for_async(
+        Duration::from_secs(10),
+        "the ReplicaSet asked again after the pod went away",
+        || async { retried().filter(|t| *t != first) },
+    )
+    .await;
+    let metrics = https::request(c.webhooks[0].1, c.tls.clone(), "GET", "/metrics", vec![])
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        metrics.contains("vgpu_webhook_quota_retries_total{result=\"ok\"} 2"),
+        "{metrics}"
+    );
+}
+
 /// Reservations of pods that never appear expire; pods that do appear keep counting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reservations_expire_unless_the_pod_appears() {

@@ -65,6 +65,7 @@ pub struct Metrics {
     duration: Family<EndpointLabels, Histogram>,
     quota_reservations: Family<ResultLabels, Counter>,
     event_writes: Family<ResultLabels, Counter>,
+    quota_retries: Family<ResultLabels, Counter>,
     cache_synced: Family<CacheLabels, Gauge>,
     quota_used: Family<QuotaLabels, Gauge>,
     quota_hard: Family<QuotaLabels, Gauge>,
@@ -116,6 +117,12 @@ impl Metrics {
             "Kubernetes Events written for rejections, by result",
             event_writes.clone(),
         );
+        let quota_retries = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "vgpu_webhook_quota_retries",
+            "Controllers whose pods were refused for quota asked to try again (annotation vgpu.io/quota-retry written) when room may have appeared, by result: ok, gone (the owner was deleted), error",
+            quota_retries.clone(),
+        );
         let cache_synced = Family::<CacheLabels, Gauge>::default();
         registry.register(
             "vgpu_webhook_cache_synced",
@@ -140,6 +147,7 @@ impl Metrics {
             duration,
             quota_reservations,
             event_writes,
+            quota_retries,
             cache_synced,
             quota_used,
             quota_hard,
@@ -191,6 +199,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one ask to retry after a quota refusal: `ok`, `gone` or `error`.
+    pub fn quota_retry(&self, result: &'static str) {
+        self.quota_retries
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
     /// Sets whether one of the validator's caches is synced.
     pub fn cache_synced(&self, cache: &'static str, synced: bool) {
         self.cache_synced
@@ -224,6 +239,7 @@ mod tests {
         );
         m.quota_reservation("ok");
         m.event_write(false);
+        m.quota_retry("gone");
         m.cache_synced("pods", false);
         m.cache_synced("nodes", true);
         let text = m.encode();
@@ -236,6 +252,7 @@ mod tests {
         );
         assert!(text.contains("vgpu_webhook_quota_reservations_total{result=\"ok\"} 1"));
         assert!(text.contains("vgpu_webhook_event_writes_total{result=\"error\"} 1"));
+        assert!(text.contains("vgpu_webhook_quota_retries_total{result=\"gone\"} 1"));
         assert!(
             text.contains("vgpu_webhook_cache_synced{cache=\"pods\"} 0"),
             "{text}"

@@ -417,6 +417,10 @@ pub fn node_largest_card(node: &Value) -> Option<u64> {
     inv.devices.iter().map(|d| d.memory_mib).max()
 }
 
+/// Told where room for a refused pod may have appeared: the namespace of a quota that changed or
+/// of a vGPU pod or claim that went away; `None` after a watch listed afresh (anywhere).
+pub type OnRoom = Arc<dyn Fn(Option<&str>) + Send + Sync>;
+
 /// Starts the watchers on the runtime (with `dra`, the claims' too); they run until the process
 /// ends.
 pub fn spawn_watchers(
@@ -424,6 +428,7 @@ pub fn spawn_watchers(
     cache: Arc<ClusterCache>,
     policy: RequestPolicy,
     dra: bool,
+    room: OnRoom,
 ) {
     if dra {
         cache.dra.store(true, Ordering::Release);
@@ -465,6 +470,7 @@ pub fn spawn_watchers(
         ));
         let claims: Api<DynamicObject> = Api::all_with(client.clone(), &claims_resource());
         let c = cache.clone();
+        let on_room = room.clone();
         tokio::spawn(run_watcher(
             claims,
             watcher::Config::default(),
@@ -478,6 +484,9 @@ pub fn spawn_watchers(
                     |p: &CachedPod| p.name.strip_prefix("resourceclaim/").unwrap_or(&p.name),
                 );
                 note_uids(&c, change);
+                if let Change::Delete((ns, _)) = change {
+                    on_room(Some(ns));
+                }
             },
             cache.clone(),
             |c, v| c.claims_synced.store(v, Ordering::Release),
@@ -489,6 +498,7 @@ pub fn spawn_watchers(
         &api_resource("ResourceQuota", "resourcequotas"),
     );
     let c = cache.clone();
+    let on_room = room.clone();
     let reduce_quota = move |v: &Value| {
         let q = Quota::from_object(v, &names)?;
         if let Some(why) = &q.unsupported {
@@ -504,7 +514,12 @@ pub fn spawn_watchers(
         move |change| {
             apply_namespaced(&c.quotas, change, &reduce_quota, |q: &Quota| {
                 q.name.as_str()
-            })
+            });
+            // Any change: a raised or deleted quota, or its status recounted after pods left.
+            on_room(match change {
+                Change::Replace(_) => None,
+                Change::Apply((ns, _), _) | Change::Delete((ns, _)) => Some(ns),
+            });
         },
         cache.clone(),
         |c, v| c.quotas_synced.store(v, Ordering::Release),
@@ -526,6 +541,12 @@ pub fn spawn_watchers(
                 |p: &CachedPod| p.name.as_str(),
             );
             note_uids(&c, change);
+            match change {
+                Change::Replace(_) => room(None),
+                Change::Delete((ns, _)) => room(Some(ns)),
+                Change::Apply((ns, _), v) if super::usage::is_terminal(v) => room(Some(ns)),
+                Change::Apply(..) => {}
+            }
         },
         cache.clone(),
         |c, v| c.pods_synced.store(v, Ordering::Release),

@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod ledger_namespace;
 pub mod policy;
 pub mod quota;
+pub mod retry;
 pub mod usage;
 
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
@@ -31,6 +32,7 @@ use ledger::{Attempt, Ledger};
 use ledger_namespace::LedgerNamespace;
 use policy::PolicyRules;
 use quota::Quota;
+use retry::Retries;
 
 /// Default lifetime of a reservation whose pod has not shown up in the pod cache.
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(60);
@@ -70,6 +72,8 @@ pub struct Validator {
     cache: Arc<ClusterCache>,
     client: Option<kube::Client>,
     events: EventRecorder,
+    /// Controllers refused for quota, asked to retry when room may have appeared.
+    retries: Arc<Retries>,
     metrics: Arc<Metrics>,
     /// Where the ledgers live, and what is known to be wrong there.
     ledger_namespace: Arc<LedgerNamespace>,
@@ -118,6 +122,7 @@ impl Validator {
             cache: Arc::new(ClusterCache::default()),
             client: None,
             events: EventRecorder::disabled(metrics.clone()),
+            retries: Arc::new(Retries::disabled(metrics.clone())),
             metrics,
             locks: Mutex::default(),
         }
@@ -132,17 +137,21 @@ impl Validator {
         warn_if_update_rule_is_off(&settings);
         let cache = Arc::new(ClusterCache::default());
         cache.keep_seen_for(settings.reservation_ttl);
+        let retries = Arc::new(Retries::start(client.clone(), metrics.clone()));
+        let room = retries.clone();
         cache::spawn_watchers(
             client.clone(),
             cache.clone(),
             settings.policy.clone(),
             settings.dra,
+            Arc::new(move |namespace| room.room(namespace)),
         );
         let ledger_namespace = LedgerNamespace::new(&settings.ledger_namespace);
         ledger_namespace.spawn_check(client.clone());
         Validator {
             ledger_namespace,
             events: EventRecorder::start(client.clone(), metrics.clone()),
+            retries,
             settings,
             cache,
             client: Some(client),
@@ -163,6 +172,7 @@ impl Validator {
                 Some(c) => EventRecorder::start(c.clone(), metrics.clone()),
                 None => EventRecorder::disabled(metrics.clone()),
             },
+            retries: Arc::new(Retries::disabled(metrics.clone())),
             ledger_namespace: LedgerNamespace::new(&settings.ledger_namespace),
             settings,
             cache,
@@ -592,9 +602,11 @@ impl Validator {
     ) -> Decision {
         let namespace = a.namespace.as_str();
         if !a.dry_run {
+            let regarding = events::regarding(a.pod, namespace, a.fallback.clone());
+            self.retries.refused(&regarding);
             self.events.record(Rejection {
                 namespace: namespace.to_string(),
-                regarding: events::regarding(a.pod, namespace, a.fallback.clone()),
+                regarding,
                 reason: REASON_QUOTA,
                 note: e.message.clone(),
             });
