@@ -244,6 +244,12 @@ pub const DEVICE_PLUGIN: Component = Component {
         ),
         ApiAccess::cluster(
             "",
+            "nodes/status",
+            &["patch"],
+            "advertise the capacity of the resources only vgpu-scheduler places by (gpumem, gpumem-percentage, gpucores, priority), so kube-scheduler requeues a waiting pod when the node gains GPUs",
+        ),
+        ApiAccess::cluster(
+            "",
             "pods",
             &["get", "list", "watch", "patch"],
             "find the pod an Allocate call is for and mark its assignment as allocated",

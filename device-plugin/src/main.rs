@@ -88,6 +88,15 @@ struct Cli {
     /// Extended resource to register.
     #[arg(long, default_value = "nvidia.com/gpu")]
     resource_name: String,
+    /// The per-GPU memory resource (MiB), advertised in the Node's capacity.
+    #[arg(long, default_value = "nvidia.com/gpumem")]
+    resource_mem: String,
+    /// The per-GPU memory percentage resource, advertised in the Node's capacity.
+    #[arg(long, default_value = "nvidia.com/gpumem-percentage")]
+    resource_mem_percentage: String,
+    /// The per-GPU cores resource (percent), advertised in the Node's capacity.
+    #[arg(long, default_value = "nvidia.com/gpucores")]
+    resource_cores: String,
     /// Address of the /metrics listener.
     #[arg(long, default_value = "0.0.0.0:9394")]
     metrics_listen: std::net::SocketAddr,
@@ -174,6 +183,11 @@ async fn main() -> anyhow::Result<()> {
         core_policy: cli.gpu_core_policy,
         disable_control_namespaces: cli.disable_control_namespaces.clone(),
     };
+    let slice_resources = vgpu_device_plugin::inventory::SliceResources {
+        memory: cli.resource_mem.clone(),
+        memory_percentage: cli.resource_mem_percentage.clone(),
+        cores: cli.resource_cores.clone(),
+    };
     let shared = Shared::new(
         settings,
         DeviceState::new(gpus, backend.vendor()),
@@ -196,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
             shared.clone(),
             kube::Api::all(client.clone()),
             Duration::from_secs(cli.heartbeat_seconds),
+            slice_resources.clone(),
         ));
     }
     let listener = tokio::net::TcpListener::bind(cli.metrics_listen)
@@ -242,6 +257,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("stopped");
         return Ok(());
     }
+    let node_name = shared.settings.node_name.clone();
     vgpu_device_plugin::kubelet::serve(
         shared,
         PluginEndpoint {
@@ -255,6 +271,13 @@ async fn main() -> anyhow::Result<()> {
         },
     )
     .await?;
+    // The Node keeps no capacity for a plugin that left (DRA mode, uninstall).
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    if let Err(e) =
+        vgpu_device_plugin::inventory::withdraw(&nodes, &node_name, &slice_resources).await
+    {
+        tracing::warn!(error = %e, "removing the slice resources from the Node's capacity failed");
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -289,6 +289,11 @@ fn check_rbac(c: &Cluster) {
         ("vgpu-device-plugin", &["patch", "nodes"], true),
         (
             "vgpu-device-plugin",
+            &["patch", "nodes", "--subresource=status"],
+            true,
+        ),
+        (
+            "vgpu-device-plugin",
             &["list", "pods", "--all-namespaces"],
             true,
         ),
@@ -687,6 +692,14 @@ fn node_gains_capacity(c: &Cluster) {
     let (Some(shown), Some(running)) = (shown, running) else {
         panic!("{step}: the Node showed 10 at {shown:?}, {waiting} Running at {running:?}");
     };
+    // What lets kube-scheduler's queueing hint see the pod fit (inventory::capacity).
+    let node = c.get(&["node", &c.node]).unwrap_or_default();
+    assert_eq!(
+        node["status"]["allocatable"]["nvidia.com/gpumem"],
+        GPU_MIB.to_string(),
+        "{step}: the Node's allocatable: {}",
+        node["status"]["allocatable"]
+    );
     let waited = running.saturating_duration_since(shown).as_secs_f64();
     report(&format!(
         "wait: the device plugin restarted with 10 slots -> {waiting} Running {waited:.1} s after the Node showed them ({:.1} s after helm upgrade began)",
@@ -723,6 +736,11 @@ fn uninstall(c: &Cluster) {
             (cap.is_null() || cap == "0").then_some(())
         },
     );
+    let node = c.json(&["get", "node", &c.node]);
+    report(&format!(
+        "{step}: the device plugin withdrew the Node's nvidia.com/gpumem capacity: {}",
+        node["status"]["capacity"]["nvidia.com/gpumem"].is_null()
+    ));
     c.delete(&["pod", "--all", "-n", TENANT]);
     c.create_in(TENANT, slice_pod("after", 1024, 0))
         .unwrap_or_else(|e| panic!("{step}: a pod was refused after uninstall: {e}"));

@@ -772,6 +772,13 @@ async fn sigterm_removes_the_socket() {
     let mut env = start(&[]).await;
     env.registered(1).await;
     assert!(env.dp_dir.join(SOCKET).exists());
+    vgpu_tests::wait_for_async(T, "the Node's capacity written", || async {
+        let node = env.api.get("v1", "nodes", "", NODE)?;
+        node["status"]["capacity"]["nvidia.com/gpumem"]
+            .as_str()
+            .map(drop)
+    })
+    .await;
     let st = Command::new("kill")
         .arg("-TERM")
         .arg(env.plugin.pid().to_string())
@@ -781,6 +788,9 @@ async fn sigterm_removes_the_socket() {
     let status = tokio::task::block_in_place(|| env.plugin.wait_exit(T)).expect("exits");
     assert!(status.success(), "{status}");
     assert!(!env.dp_dir.join(SOCKET).exists());
+    // The Node keeps no capacity for a plugin that left.
+    let node = env.api.get("v1", "nodes", "", NODE).unwrap();
+    assert_eq!(node["status"]["capacity"], json!({}), "{node}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -815,6 +825,33 @@ async fn node_inventory_and_heartbeat() {
     assert_eq!(d.nvlinks, [(GPU1.to_string(), 2)].into());
     assert_eq!(inv.devices[1].nvlinks, [(GPU0.to_string(), 2)].into());
     vgpu_core::time::parse_rfc3339(&first.1).unwrap();
+    // The Node's capacity holds every slice the scheduler may place (inventory::capacity).
+    let capacity = || {
+        env.api
+            .get("v1", "nodes", "", NODE)
+            .map(|n| n["status"]["capacity"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let want = json!({"nvidia.com/gpumem": "122880", "nvidia.com/gpumem-percentage": "200",
+        "nvidia.com/gpucores": "400", "nvidia.com/priority": "8"});
+    vgpu_tests::wait_for_async(T, "the Node's capacity", || async {
+        (capacity() == want).then_some(())
+    })
+    .await;
+    // Zeroed as a kubelet re-registering a recreated node does: written again.
+    env.api
+        .merge_patch(
+            "v1",
+            "nodes",
+            "",
+            NODE,
+            &json!({"status": {"capacity": {"nvidia.com/gpumem": "0"}}}),
+        )
+        .unwrap();
+    vgpu_tests::wait_for_async(T, "the Node's capacity restored", || async {
+        (capacity() == want).then_some(())
+    })
+    .await;
     // The heartbeat moves on.
     vgpu_tests::wait_for_async(T, "a newer heartbeat", || async {
         let a = env.node_annotations();
