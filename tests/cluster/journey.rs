@@ -862,11 +862,14 @@ impl<'p, 'c> Journey<'p, 'c> {
         create("hog", true);
         c.wait_running(NS_FREE, "hog", step);
         let free_slots = free_slots(c) + 1;
+        // Each its own size, so a container answered with another pod's slice shows in its logs.
+        let mib_of = |name: &str| 256 + name["waits-".len()..].parse::<u64>().unwrap_or(0);
         let mut left: Vec<String> = (0..50).map(|i| format!("waits-{i:02}")).collect();
         for name in &left {
-            c.create_in(NS_FREE, slice_pod(name, 256, 0))
+            c.create_in(NS_FREE, slice_pod(name, mib_of(name), 0))
                 .unwrap_or_else(|e| panic!("{step}: {name}: {e}"));
         }
+        let mut crosswise = Vec::new();
         pending_because(
             "waits-49",
             "no GPU free of an exclusive pod (gpucores 100 or mutex)",
@@ -910,6 +913,16 @@ impl<'p, 'c> Journey<'p, 'c> {
                 "{step}: more pods bound than the GPU's {room} free slots: {bound:?}"
             );
             out_of_order.extend(bound.iter().filter(|b| !left[..room].contains(b)).cloned());
+            for name in &bound {
+                let logs = c.logs_until(NS_FREE, name, step, |l| l.starts_with("info ="));
+                let want = format!("total {}", mib_of(name) * MIB);
+                if !logs
+                    .lines()
+                    .any(|l| l.starts_with("info =") && l.ends_with(&want))
+                {
+                    crosswise.push(name.clone());
+                }
+            }
             let mut delete = vec!["pod"];
             delete.extend(bound.iter().map(String::as_str));
             delete.extend(["-n", NS_FREE]);
@@ -927,6 +940,9 @@ impl<'p, 'c> Journey<'p, 'c> {
             bound_waits.last().copied().unwrap_or_default(),
             p99(&mut running_waits),
             running_waits.last().copied().unwrap_or_default(),
+        ));
+        crate::report(&format!(
+            "fifty pods waiting: containers running with another pod's slice: {crosswise:?}"
         ));
     }
 
