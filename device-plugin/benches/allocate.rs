@@ -111,6 +111,7 @@ fn bench(c: &mut Criterion) {
             allow_unscheduled: false,
             core_policy: Default::default(),
             disable_control_namespaces: Vec::new(),
+            pod_resources: None,
         },
         DeviceState::new(gpus, "nvidia"),
         None,
@@ -149,7 +150,7 @@ fn bench(c: &mut Criterion) {
             let mut total = Duration::ZERO;
             for _ in 0..n {
                 let t = Instant::now();
-                let claim = cache.claim(&ids).unwrap();
+                let claim = cache.claim(&ids, None).unwrap();
                 total += t.elapsed();
                 cache.remove(&claim.uid);
                 cache.upsert(pod(claim.uid[4..].parse().unwrap()));
@@ -162,7 +163,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("stage_check_ids", |b| {
         b.iter(|| shared.with_devices(|d| ids_ref.iter().all(|id| d.knows(id))))
     });
-    let claim = cache.claim(&ids).unwrap();
+    let claim = cache.claim(&ids, None).unwrap();
     let host = tmp.path().join("host");
     let mut n = 0u64;
     group.bench_function("stage_create_container_dir", |b| {

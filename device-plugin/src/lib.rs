@@ -2,6 +2,7 @@
 //! Allocate from the scheduler's assignment annotation, watches device health and publishes the
 //! node inventory.
 
+pub mod admitting;
 pub mod allocate;
 pub mod backend;
 pub mod devices;

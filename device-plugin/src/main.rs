@@ -88,6 +88,10 @@ struct Cli {
     /// Extended resource to register.
     #[arg(long, default_value = "nvidia.com/gpu")]
     resource_name: String,
+    /// The kubelet's PodResources socket, asked which pod it is admitting when several pending
+    /// pods could be the one (empty: never asked, the oldest is answered).
+    #[arg(long, default_value = vgpu_device_plugin::admitting::DEFAULT_SOCKET)]
+    pod_resources_socket: String,
     /// The per-GPU memory resource (MiB), advertised in the Node's capacity.
     #[arg(long, default_value = "nvidia.com/gpumem")]
     resource_mem: String,
@@ -182,6 +186,12 @@ async fn main() -> anyhow::Result<()> {
         allow_unscheduled: cli.allow_unscheduled,
         core_policy: cli.gpu_core_policy,
         disable_control_namespaces: cli.disable_control_namespaces.clone(),
+        pod_resources: (!cli.pod_resources_socket.is_empty()).then(|| {
+            vgpu_device_plugin::admitting::Lister {
+                socket: PathBuf::from(&cli.pod_resources_socket),
+                resource: cli.resource_name.clone(),
+            }
+        }),
     };
     let slice_resources = vgpu_device_plugin::inventory::SliceResources {
         memory: cli.resource_mem.clone(),

@@ -28,6 +28,9 @@ pub struct Settings {
     pub core_policy: vgpu_core::env::CorePolicy,
     /// Namespaces whose pods may lift a limit (`CUDA_DISABLE_CONTROL`, their own core policy).
     pub disable_control_namespaces: Vec<String>,
+    /// Asked which pod the kubelet is admitting when several could be ([`crate::admitting`]);
+    /// `None`: the oldest.
+    pub pod_resources: Option<crate::admitting::Lister>,
 }
 
 /// State shared by the gRPC service, the health loop, the pod watcher and the inventory task.
@@ -134,6 +137,51 @@ impl Shared {
         }
     }
 
+    /// What the kubelet says of its pods (the PodResources API), when configured.
+    async fn kubelet_pods(&self) -> Option<crate::admitting::KubeletPods> {
+        self.settings.pod_resources.as_ref()?.list().await
+    }
+
+    /// The pod and container an Allocate of `ids` is for: among the pods the kubelet may be
+    /// allocating; when the cache holds none of those (its watch lags the kubelet's), again after
+    /// listing this node's pods; and when the kubelet still names none of ours, among all.
+    async fn claim(&self, ids: &[String]) -> Result<crate::pods::Claim, Status> {
+        let kubelet = self.kubelet_pods().await;
+        let mut claim = self.with_pods(|c| c.claim(ids, kubelet.as_ref()));
+        if claim.is_err() && self.lister.is_some() {
+            if let Err(e) = self.refresh_pods().await {
+                return Err(Status::unavailable(format!(
+                    "listing this node's pods from the API server: {e}"
+                )));
+            }
+            claim = self.with_pods(|c| c.claim(ids, kubelet.as_ref()));
+        }
+        if let (Err(e), Some(_)) = (&claim, &kubelet) {
+            tracing::warn!(error = %e, "the kubelet is admitting none of the pods known here; answering the oldest");
+            claim = self.with_pods(|c| c.claim(ids, None));
+        }
+        claim.map_err(|e| Status::failed_precondition(e.to_string()))
+    }
+
+    /// The GPUs to prefer for the next container of `count` devices: those assigned to the pod the
+    /// kubelet may be allocating (looked up again after listing this node's pods when the cache
+    /// holds none of those), else to the oldest pending pod.
+    async fn hint(&self, count: usize) -> Option<Vec<String>> {
+        let kubelet = self.kubelet_pods().await;
+        let peek = |k: Option<&crate::admitting::KubeletPods>| {
+            self.with_pods(|c| c.peek_assigned(count, k))
+        };
+        if let Some(hint) = peek(kubelet.as_ref()) {
+            return Some(hint);
+        }
+        if kubelet.is_some() && self.refresh_pods().await.is_ok() {
+            if let Some(hint) = peek(kubelet.as_ref()) {
+                return Some(hint);
+            }
+        }
+        peek(None)
+    }
+
     /// Answers one container of an Allocate.
     pub async fn allocate_container(
         &self,
@@ -150,16 +198,7 @@ impl Shared {
                 "device ID {bad:?} is not one this plugin advertises"
             )));
         }
-        let mut claim = self.with_pods(|c| c.claim(ids));
-        if claim.is_err() && self.lister.is_some() {
-            if let Err(e) = self.refresh_pods().await {
-                return Err(Status::unavailable(format!(
-                    "listing this node's pods from the API server: {e}"
-                )));
-            }
-            claim = self.with_pods(|c| c.claim(ids));
-        }
-        match claim {
+        match self.claim(ids).await {
             Ok(claim) => {
                 let lift_allowed = self
                     .settings
@@ -193,7 +232,10 @@ impl Shared {
                 tracing::info!(pod = %format!("{}/{}", claim.namespace, claim.name), container = %claim.container.name, ?ids, "allocated");
                 Ok(answer)
             }
-            Err(_) if self.settings.allow_unscheduled => {
+            Err(e)
+                if self.settings.allow_unscheduled
+                    && e.code() == tonic::Code::FailedPrecondition =>
+            {
                 let mut uuids: Vec<String> = Vec::new();
                 for id in ids {
                     let u = uuid_of(id).to_string();
@@ -207,13 +249,13 @@ impl Shared {
                 );
                 Ok(allocate::unscheduled(&self.settings.host_dir, &uuids))
             }
-            Err(e) => Err(Status::failed_precondition(e.to_string())),
+            Err(e) => Err(e),
         }
     }
 
     /// GetPreferredAllocation for one container: shares of the GPUs the scheduler assigned to the
-    /// next pod of this size, else packed onto the fewest GPUs.
-    pub fn preferred(&self, req: &api::ContainerPreferredAllocationRequest) -> Vec<String> {
+    /// next pod of this size ([`Shared::hint`]), else packed onto the fewest GPUs.
+    pub async fn preferred(&self, req: &api::ContainerPreferredAllocationRequest) -> Vec<String> {
         let size = usize::try_from(req.allocation_size).unwrap_or(0);
         let mut chosen: Vec<String> = req.must_include_device_i_ds.clone();
         let mut used: Vec<String> = chosen.iter().map(|i| uuid_of(i).to_string()).collect();
@@ -230,7 +272,7 @@ impl Shared {
                 used.push(uuid.to_string());
             }
         };
-        let hint = self.with_pods(|c| c.peek_assigned(size));
+        let hint = self.hint(size).await;
         for uuid in hint.iter().flatten() {
             if chosen.len() >= size {
                 break;
@@ -293,22 +335,18 @@ impl DevicePlugin for Service {
         &self,
         req: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let container_responses = req
-            .get_ref()
-            .container_requests
-            .iter()
-            .map(|c| {
-                let device_i_ds = self.0.preferred(c);
-                tracing::info!(
-                    available = c.available_device_i_ds.len(),
-                    must_include = ?c.must_include_device_i_ds,
-                    size = c.allocation_size,
-                    preferred = ?device_i_ds,
-                    "preferred allocation"
-                );
-                api::ContainerPreferredAllocationResponse { device_i_ds }
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for c in &req.get_ref().container_requests {
+            let device_i_ds = self.0.preferred(c).await;
+            tracing::info!(
+                available = c.available_device_i_ds.len(),
+                must_include = ?c.must_include_device_i_ds,
+                size = c.allocation_size,
+                preferred = ?device_i_ds,
+                "preferred allocation"
+            );
+            container_responses.push(api::ContainerPreferredAllocationResponse { device_i_ds });
+        }
         Ok(Response::new(api::PreferredAllocationResponse {
             container_responses,
         }))

@@ -14,6 +14,7 @@ use thiserror::Error;
 use vgpu_core::annotations::{ALLOCATED, ASSIGNMENT};
 use vgpu_core::assignment::{ContainerAssignment, PodAssignment};
 
+use crate::admitting::KubeletPods;
 use crate::devices::uuid_of;
 
 /// What the plugin remembers of one vGPU pod.
@@ -231,30 +232,47 @@ impl PodCache {
         self.pods.get(uid)
     }
 
-    /// The GPUs assigned to the next container waiting for `count` devices, oldest pod first (the
-    /// hint GetPreferredAllocation gives the kubelet); records nothing.
-    pub fn peek_assigned(&self, count: usize) -> Option<Vec<String>> {
-        let mut best: Option<(&PodEntry, &ContainerAssignment)> = None;
-        for p in self.pods.values().filter(|p| p.pending) {
-            let Ok(a) = &p.assignment else { continue };
-            let next = a
-                .containers
-                .iter()
-                .find(|c| !self.is_answered(&p.uid, &c.name));
-            if let Some(c) = next.filter(|c| c.devices.len() == count) {
-                let older = best.is_none_or(|(b, _)| {
-                    (p.created, &p.namespace, &p.name) < (b.created, &b.namespace, &b.name)
-                });
-                if older {
-                    best = Some((p, c));
-                }
-            }
-        }
-        best.map(|(_, c)| c.devices.iter().map(|d| d.uuid.clone()).collect())
+    /// The pending pods whose next container waits for `count` devices, with that container.
+    fn waiting(&self, count: usize) -> impl Iterator<Item = (&PodEntry, &ContainerAssignment)> {
+        self.pods
+            .values()
+            .filter(|p| p.pending)
+            .filter_map(move |p| {
+                let a = p.assignment.as_ref().ok()?;
+                let next = a
+                    .containers
+                    .iter()
+                    .find(|c| !self.is_answered(&p.uid, &c.name))?;
+                (next.devices.len() == count).then_some((p, next))
+            })
     }
 
-    /// Finds the pod and container for an Allocate of `ids` and records the answer.
-    pub fn claim(&mut self, ids: &[String]) -> Result<Claim, NoMatch> {
+    /// The GPUs assigned to the next container waiting for `count` devices (the hint
+    /// GetPreferredAllocation gives the kubelet): of the oldest pod, or with `kubelet`, of the
+    /// oldest the kubelet may be allocating (none: `None`); records nothing.
+    pub fn peek_assigned(
+        &self,
+        count: usize,
+        kubelet: Option<&KubeletPods>,
+    ) -> Option<Vec<String>> {
+        self.waiting(count)
+            .filter(|(p, c)| {
+                kubelet.is_none_or(|k| k.may_be_allocating(&p.namespace, &p.name, &c.name))
+            })
+            .min_by(|(a, _), (b, _)| {
+                (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
+            })
+            .map(|(_, c)| c.devices.iter().map(|d| d.uuid.clone()).collect())
+    }
+
+    /// Finds the pod and container for an Allocate of `ids` and records the answer: among the
+    /// pending pods whose next container asks as many devices (with `kubelet`, only those the
+    /// kubelet may be allocating), the one assigned exactly these GPUs, else the oldest.
+    pub fn claim(
+        &mut self,
+        ids: &[String],
+        kubelet: Option<&KubeletPods>,
+    ) -> Result<Claim, NoMatch> {
         let mut uuids: Vec<String> = Vec::new();
         for id in ids {
             let u = uuid_of(id);
@@ -293,6 +311,18 @@ impl PodCache {
         candidates.sort_by(|a, b| {
             (a.0.created, &a.0.namespace, &a.0.name).cmp(&(b.0.created, &b.0.namespace, &b.0.name))
         });
+        if let Some(k) = kubelet {
+            candidates.retain(|(p, c)| {
+                let admitting = k.may_be_allocating(&p.namespace, &p.name, &c.name);
+                if !admitting {
+                    skipped.push(format!(
+                        "{}/{}: not being admitted by the kubelet",
+                        p.namespace, p.name
+                    ));
+                }
+                admitting
+            });
+        }
         let same_gpus = |c: &ContainerAssignment| {
             let mut have: Vec<&str> = c.devices.iter().map(|d| d.uuid.as_str()).collect();
             have.sort();
@@ -407,10 +437,65 @@ mod tests {
         c.upsert(entry("b", 20, &[("main", &["GPU-1"])]));
         c.upsert(entry("a", 10, &[("main", &["GPU-0"])]));
         // Same shape, the kubelet picked shares of neither assigned GPU: oldest first.
-        assert_eq!(c.claim(&ids(&["GPU-9::0"])).unwrap().uid, "a");
-        assert_eq!(c.claim(&ids(&["GPU-9::1"])).unwrap().uid, "b");
-        let e = c.claim(&ids(&["GPU-9::2"])).unwrap_err();
+        assert_eq!(c.claim(&ids(&["GPU-9::0"]), None).unwrap().uid, "a");
+        assert_eq!(c.claim(&ids(&["GPU-9::1"]), None).unwrap().uid, "b");
+        let e = c.claim(&ids(&["GPU-9::2"]), None).unwrap_err();
         assert_eq!(e.count, 1);
+    }
+
+    /// The kubelet admits pods in the order they reach it, not by age: the one its PodResources
+    /// List shows being admitted gets the hint and the answer, whatever GPU ids it used.
+    #[test]
+    fn the_pod_the_kubelet_admits_wins_over_age() {
+        use crate::admitting::api;
+        let view = |admitting: &str, holding: &str| {
+            let pod = |name: &str, ids: &[&str]| api::PodResources {
+                name: name.into(),
+                namespace: "ns".into(),
+                containers: vec![api::ContainerResources {
+                    name: "main".into(),
+                    devices: vec![api::ContainerDevices {
+                        resource_name: "nvidia.com/gpu".into(),
+                        device_ids: ids.iter().map(|i| i.to_string()).collect(),
+                    }],
+                }],
+            };
+            let list = api::ListPodResourcesResponse {
+                pod_resources: vec![
+                    pod(&format!("pod-{admitting}"), &[]),
+                    pod(&format!("pod-{holding}"), &["GPU-1::0"]),
+                ],
+            };
+            KubeletPods::from_list(list, "nvidia.com/gpu")
+        };
+        let mut c = PodCache::default();
+        c.upsert(entry("a", 10, &[("main", &["GPU-0"])]));
+        c.upsert(entry("b", 20, &[("main", &["GPU-1"])]));
+        // Without the kubelet's view: the oldest, crosswise if the kubelet admits b first.
+        assert_eq!(c.peek_assigned(1, None), Some(vec!["GPU-0".to_string()]));
+        let b_first = view("b", "none");
+        assert_eq!(
+            c.peek_assigned(1, Some(&b_first)),
+            Some(vec!["GPU-1".to_string()])
+        );
+        assert_eq!(
+            c.claim(&ids(&["GPU-0::3"]), Some(&b_first)).unwrap().uid,
+            "b"
+        );
+        let then_a = view("a", "b");
+        assert_eq!(
+            c.claim(&ids(&["GPU-1::3"]), Some(&then_a)).unwrap().uid,
+            "a"
+        );
+        // A view naming none of ours matches nothing (the caller refreshes, then falls back).
+        c.upsert(entry("c", 30, &[("main", &["GPU-0"])]));
+        let e = c
+            .claim(&ids(&["GPU-0::4"]), Some(&view("elsewhere", "b")))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not being admitted by the kubelet"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -418,8 +503,8 @@ mod tests {
         let mut c = PodCache::default();
         c.upsert(entry("a", 10, &[("main", &["GPU-0"])]));
         c.upsert(entry("b", 20, &[("main", &["GPU-1"])]));
-        assert_eq!(c.claim(&ids(&["GPU-1::3"])).unwrap().uid, "b");
-        assert_eq!(c.claim(&ids(&["GPU-0::3"])).unwrap().uid, "a");
+        assert_eq!(c.claim(&ids(&["GPU-1::3"]), None).unwrap().uid, "b");
+        assert_eq!(c.claim(&ids(&["GPU-0::3"]), None).unwrap().uid, "a");
     }
 
     #[test]
@@ -430,11 +515,11 @@ mod tests {
             10,
             &[("init", &["GPU-0"]), ("main", &["GPU-0", "GPU-1"])],
         ));
-        let first = c.claim(&ids(&["GPU-0::1"])).unwrap();
+        let first = c.claim(&ids(&["GPU-0::1"]), None).unwrap();
         assert_eq!(first.container.name, "init");
-        let e = c.claim(&ids(&["GPU-0::2"])).unwrap_err();
+        let e = c.claim(&ids(&["GPU-0::2"]), None).unwrap_err();
         assert!(e.detail.contains("next container main has 2"), "{e}");
-        let second = c.claim(&ids(&["GPU-0::2", "GPU-1::0"])).unwrap();
+        let second = c.claim(&ids(&["GPU-0::2", "GPU-1::0"]), None).unwrap();
         assert_eq!(second.container.name, "main");
         assert_eq!(c.answered("a"), ["init", "main"]);
         c.remove("a");
@@ -447,7 +532,10 @@ mod tests {
         let mut e = entry("a", 10, &[("init", &["GPU-0"]), ("main", &["GPU-0"])]);
         e.allocated = vec!["init".into()];
         c.upsert(e);
-        assert_eq!(c.claim(&ids(&["GPU-0::0"])).unwrap().container.name, "main");
+        assert_eq!(
+            c.claim(&ids(&["GPU-0::0"]), None).unwrap().container.name,
+            "main"
+        );
     }
 
     #[test]
@@ -459,7 +547,7 @@ mod tests {
         let mut bare = entry("u", 2, &[]);
         bare.assignment = Err("no vgpu.io/assignment annotation".into());
         c.upsert(bare);
-        let e = c.claim(&ids(&["GPU-0::0"])).unwrap_err();
+        let e = c.claim(&ids(&["GPU-0::0"]), None).unwrap_err();
         assert!(
             e.to_string().contains("ns/pod-u: no vgpu.io/assignment"),
             "{e}"

@@ -12,6 +12,7 @@ use vgpu_core::assignment::{ContainerAssignment, DeviceSlice, PodAssignment};
 use vgpu_core::inventory::NodeInventory;
 use vgpu_fake_apiserver::FakeApiServer;
 use vgpu_fake_kubelet::api::Device;
+use vgpu_fake_kubelet::FakePodResources;
 use vgpu_fake_kubelet::{FakeKubelet, PluginClient};
 use vgpu_tests::net::free_port;
 use vgpu_tests::process::Running;
@@ -68,6 +69,8 @@ fn plugin_command(
     .arg(format!("--host-dir={}", host_dir.display()))
     .arg("--split-count=4")
     .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+    // Not the machine's own kubelet; a test that serves one passes its socket in `extra`.
+    .arg("--pod-resources-socket=")
     .args(extra)
     .env("NODE_NAME", NODE)
     .env("KUBECONFIG", kubeconfig)
@@ -519,6 +522,43 @@ async fn racing_pods_of_one_shape_get_their_own_assignment() {
     assert_eq!(ra.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
     assert_eq!(rb.envs["NVIDIA_VISIBLE_DEVICES"], GPU1);
     assert_eq!(rb.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+}
+
+/// The kubelet admits pods in the order they reach it, which kube-scheduler's binds need not
+/// make the order they were created: the newer of two pending pods of one shape admitted first
+/// gets its own slice, hint and answer, from what the kubelet's PodResources List shows being
+/// admitted (before: the older pod's slice, each container crosswise). The plugin's watch has not
+/// seen the newer pod yet when the kubelet asks, as on a busy node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_the_kubelet_admits_gets_its_own_slice_whatever_its_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet_pods = FakePodResources::start(&socket).unwrap();
+    let env = start(&[&format!("--pod-resources-socket={}", socket.display())]).await;
+    let mut c = env.registered(1).await;
+    env.pod("older", Some(&assignment(&[("main", &[(GPU0, 1000, 10)])])));
+    env.pod("newer", Some(&assignment(&[("main", &[(GPU1, 2000, 20)])])));
+    kubelet_pods.set(&[("team-a", "newer", &[("main", &[])])], "nvidia.com/gpu");
+    let avail: Vec<String> = [GPU0, GPU1]
+        .iter()
+        .flat_map(|g| (0..4).map(move |i| format!("{g}::{i}")))
+        .collect();
+    let hint = c.preferred(&avail, &[], 1).await.unwrap();
+    assert!(hint[0].starts_with(GPU1), "{hint:?}");
+    let newer = c.allocate(&[&hint[0]]).await.unwrap();
+    assert_eq!(newer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+    kubelet_pods.set(
+        &[
+            ("team-a", "newer", &[("main", &[hint[0].as_str()])]),
+            ("team-a", "older", &[("main", &[])]),
+        ],
+        "nvidia.com/gpu",
+    );
+    let hint = c.preferred(&avail, &[], 1).await.unwrap();
+    assert!(hint[0].starts_with(GPU0), "{hint:?}");
+    let older = c.allocate(&[&hint[0]]).await.unwrap();
+    assert_eq!(older.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    assert!(kubelet_pods.lists() >= 4, "{}", kubelet_pods.lists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -167,6 +167,8 @@ async fn start_node(tmp: &Path, api: &FakeApiServer, kubeconfig: &Path, name: &s
     .arg("--heartbeat-seconds=1")
     .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
     .arg(format!("--node-name={name}"))
+    // Two fake nodes on one machine: not the machine's own kubelet.
+    .arg("--pod-resources-socket=")
     .env_remove("NODE_NAME")
     .env_remove("KUBERNETES_SERVICE_HOST")
     .env("KUBECONFIG", kubeconfig)

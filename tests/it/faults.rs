@@ -351,6 +351,8 @@ async fn device_plugin_serves_while_node_patches_fail_and_catches_up() {
     .arg("--split-count=2")
     .arg(format!("--metrics-listen=127.0.0.1:{port}"))
     .arg("--heartbeat-seconds=30")
+    // Not the machine's own kubelet.
+    .arg("--pod-resources-socket=")
     .env("NODE_NAME", NODE)
     .env("KUBECONFIG", &kubeconfig)
     .env("FAKE_NVML_CONFIG", &nvml)

@@ -1,6 +1,7 @@
 //! Test double of the kubelet's device-plugin side (pkg/kubelet/cm/devicemanager): the Registration
-//! server on `<dir>/kubelet.sock`, and a DevicePlugin client that dials a plugin's socket, both real
-//! gRPC over unix sockets, generated from the same public API definition the plugin serves.
+//! server on `<dir>/kubelet.sock`, a DevicePlugin client that dials a plugin's socket, and the
+//! PodResources server ([`FakePodResources`]), all real gRPC over unix sockets, generated from the
+//! same public API definitions the plugin speaks.
 #![allow(missing_docs)]
 
 use hyper_util::rt::TokioIo;
@@ -13,6 +14,11 @@ use tonic::{Request, Response, Status};
 
 pub mod api {
     tonic::include_proto!("v1beta1");
+}
+
+/// The PodResources API, v1.
+pub mod podresources {
+    tonic::include_proto!("v1");
 }
 
 use api::device_plugin_client::DevicePluginClient;
@@ -152,6 +158,99 @@ impl FakeKubelet {
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A pod `List` answers: (namespace, name, [(container, device ids)]).
+pub type ListedPod<'a> = (&'a str, &'a str, &'a [(&'a str, &'a [&'a str])]);
+
+/// The kubelet's PodResources server (`pkg/kubelet/apis/podresources`): `List` answers the pods
+/// set with [`FakePodResources::set`], as the real one answers the pod manager's active pods with
+/// the devices each container holds (a pod being admitted is there, its container without
+/// devices; a pod not yet received is not).
+pub struct FakePodResources {
+    pods: Arc<Mutex<Vec<podresources::PodResources>>>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+struct PodsServed {
+    pods: Arc<Mutex<Vec<podresources::PodResources>>>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl podresources::pod_resources_lister_server::PodResourcesLister for PodsServed {
+    async fn list(
+        &self,
+        _: Request<podresources::ListPodResourcesRequest>,
+    ) -> Result<Response<podresources::ListPodResourcesResponse>, Status> {
+        self.lists
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pod_resources = self.pods.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(Response::new(podresources::ListPodResourcesResponse {
+            pod_resources,
+        }))
+    }
+}
+
+impl FakePodResources {
+    /// Serves `path` on the current runtime, with no pods.
+    pub fn start(path: &Path) -> std::io::Result<FakePodResources> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let served = PodsServed {
+            pods: Arc::default(),
+            lists: Arc::default(),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(
+            Server::builder()
+                .add_service(
+                    podresources::pod_resources_lister_server::PodResourcesListerServer::new(
+                        served.clone(),
+                    ),
+                )
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = rx.await;
+                    },
+                ),
+        );
+        Ok(FakePodResources {
+            pods: served.pods,
+            lists: served.lists,
+            _stop: tx,
+        })
+    }
+
+    /// What `List` answers from now on, each container holding these ids of `resource`.
+    pub fn set(&self, pods: &[ListedPod<'_>], resource: &str) {
+        let pods = pods
+            .iter()
+            .map(|(ns, name, containers)| podresources::PodResources {
+                name: (*name).into(),
+                namespace: (*ns).into(),
+                containers: containers
+                    .iter()
+                    .map(|(c, ids)| podresources::ContainerResources {
+                        name: (*c).into(),
+                        devices: vec![podresources::ContainerDevices {
+                            resource_name: resource.into(),
+                            device_ids: ids.iter().map(|i| i.to_string()).collect(),
+                        }],
+                    })
+                    .collect(),
+            })
+            .collect();
+        *self.pods.lock().unwrap_or_else(|e| e.into_inner()) = pods;
+    }
+
+    /// How many `List` calls were answered.
+    pub fn lists(&self) -> usize {
+        self.lists.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
