@@ -32,6 +32,9 @@ pub const NODE_HEARTBEAT: &str = "vgpu.io/node-heartbeat";
 /// `pkg/device/nvidia/device.go` `DeviceCordonAnnotation`: a comma list of GPU UUIDs; pods
 /// already on them keep running).
 pub const DEVICE_CORDON: &str = "hami.io/device-cordon";
+/// Node annotation vgpu-scheduler writes (RFC 3339) when a change that may make room there reached
+/// it just after it turned a pod away: a Node event that makes kube-scheduler retry that pod.
+pub const ROOM_CHANGED: &str = "vgpu.io/room-changed";
 /// On a ReplicaSet, StatefulSet, DaemonSet or Job whose pod the webhook refused for quota: when it
 /// last asked the controller to try again because room may have appeared (RFC 3339).
 pub const QUOTA_RETRY: &str = "vgpu.io/quota-retry";

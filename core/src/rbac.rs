@@ -167,8 +167,8 @@ pub const SCHEDULER: Component = Component {
         ApiAccess::cluster(
             "",
             "nodes",
-            &["get", "list", "watch"],
-            "the GPU inventory the device plugin writes on each node",
+            &["get", "list", "watch", "patch"],
+            "the GPU inventory the device plugin writes on each node (patch: the annotation vgpu.io/room-changed that makes kube-scheduler retry pods turned away on an older view)",
         ),
         ApiAccess::cluster(
             "",

@@ -10,6 +10,17 @@ use thiserror::Error;
 #[error("{0:?} is not an RFC 3339 UTC timestamp (YYYY-MM-DDTHH:MM:SSZ)")]
 pub struct TimestampError(pub String);
 
+/// Now in RFC 3339 with microseconds, UTC (a `MicroTime`, as Events and leases carry it).
+pub fn now_rfc3339_micros() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let base = format_rfc3339(now.as_secs());
+    // format_rfc3339 ends with 'Z'; the fraction goes before it.
+    let stem = base.trim_end_matches('Z');
+    format!("{stem}.{:06}Z", now.subsec_micros())
+}
+
 /// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn format_rfc3339(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;

@@ -16,6 +16,7 @@ pub mod hosts;
 pub mod metrics;
 pub mod pod;
 pub mod readiness;
+pub mod requeue;
 pub mod server;
 pub mod typical;
 pub mod watch;

@@ -40,20 +40,21 @@ pub fn allocatable(node: &Node) -> Option<HostLeft> {
     })
 }
 
-fn apply_node(s: &AppState, node: &Node) -> Option<String> {
+/// Applies a Node; its name, and whether its GPUs, cordon or allocatable changed.
+fn apply_node(s: &AppState, node: &Node) -> Option<(String, bool)> {
     let meta = &node.metadata;
     let name = meta.name.clone()?;
     let ann = meta.annotations.as_ref();
     let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
     let mut cluster = write(s);
-    cluster.apply_node(
+    let gpus = cluster.apply_node(
         &name,
         get(NODE_DEVICES),
         get(NODE_HEARTBEAT),
         get(DEVICE_CORDON),
     );
-    cluster.apply_allocatable(&name, allocatable(node));
-    Some(name)
+    let host = cluster.apply_allocatable(&name, allocatable(node));
+    Some((name, gpus || host))
 }
 
 /// Runs the node watch forever.
@@ -76,14 +77,17 @@ impl Feed<Node> for Nodes {
         self.seen.clear();
     }
     fn listed(&mut self, node: Node) {
-        self.seen.extend(apply_node(&self.state, &node));
+        self.seen
+            .extend(apply_node(&self.state, &node).map(|(name, _)| name));
     }
     fn synced(&mut self) {
         write(&self.state).retain_nodes(&self.seen);
         self.state.readiness.listed(readiness::Feed::Nodes);
     }
     fn applied(&mut self, node: Node) {
-        apply_node(&self.state, &node);
+        if let Some((name, true)) = apply_node(&self.state, &node) {
+            self.state.requeue.room_changed(&name);
+        }
     }
     fn deleted(&mut self, node: Node) {
         if let Some(name) = &node.metadata.name {
@@ -136,6 +140,15 @@ struct Pods {
     listed_from: Instant,
 }
 
+impl Pods {
+    /// A pod that held room on its node (CPU and memory if not GPUs) let it go.
+    fn room_on(&self, pod: &Pod) {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            self.state.requeue.room_changed(node);
+        }
+    }
+}
+
 impl Feed<Pod> for Pods {
     fn relist(&mut self) {
         self.seen.clear();
@@ -152,11 +165,15 @@ impl Feed<Pod> for Pods {
     }
     fn applied(&mut self, pod: Pod) {
         apply_pod(&self.state, &pod);
+        if pod::is_terminal(&pod) {
+            self.room_on(&pod);
+        }
     }
     fn deleted(&mut self, pod: Pod) {
         if let Some(uid) = &pod.metadata.uid {
             write(&self.state).delete_pod(uid);
         }
+        self.room_on(&pod);
     }
     fn failed(&mut self, error: &watcher::Error, complete: bool) {
         let feed = readiness::Feed::Pods;

@@ -36,7 +36,7 @@ const AFTER_UNINSTALL: &[&str] = &[
     "kubectl delete job,serviceaccount,role,rolebinding -n vgpu-system -l app.kubernetes.io/instance=vgpu",
     "kubectl delete clusterrole,clusterrolebinding -l app.kubernetes.io/instance=vgpu",
     "kubectl delete configmap -n vgpu-system -l app.kubernetes.io/managed-by=vgpu-webhook",
-    "kubectl annotate nodes --all vgpu.io/node-devices- vgpu.io/node-heartbeat-",
+    "kubectl annotate nodes --all vgpu.io/node-devices- vgpu.io/node-heartbeat- vgpu.io/room-changed-",
     "rm -rf /usr/local/vgpu",
 ];
 /// The kube-scheduler version the chart defaults its image tag to (the cluster's).
@@ -286,6 +286,7 @@ fn check_rbac(c: &Cluster) {
         ("vgpu-scheduler", &["patch", "pods", "-n", TENANT], false),
         ("vgpu-scheduler", &["create", "pods", "-n", TENANT], false),
         ("vgpu-scheduler", &["get", "secrets", "-n", NS], false),
+        ("vgpu-scheduler", &["patch", "nodes"], true),
         ("vgpu-device-plugin", &["patch", "nodes"], true),
         (
             "vgpu-device-plugin",

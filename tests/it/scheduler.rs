@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
-use vgpu_core::annotations::{ASSIGNMENT, MANAGED_LABEL, NODE_DEVICES, NODE_HEARTBEAT};
+use vgpu_core::annotations::{
+    ASSIGNMENT, DEVICE_CORDON, MANAGED_LABEL, NODE_DEVICES, NODE_HEARTBEAT, ROOM_CHANGED,
+};
 use vgpu_core::assignment::PodAssignment;
 use vgpu_core::inventory::{DeviceInfo, NodeInventory};
 use vgpu_core::time::format_rfc3339;
@@ -279,6 +281,48 @@ async fn filters_with_reasons_prioritizes_and_binds_with_the_assignment() {
 /// HAMi's placement words through the real extender: the node's NVLinks and NUMA nodes from the
 /// device plugin's inventory, `topology-aware` and `nvidia.com/numa-bind` from the pod, and the
 /// node's `hami.io/device-cordon`.
+/// A change that may make room (a cordon lifted) reaching the extender just after it turned a
+/// pod away writes `vgpu.io/room-changed` on the Node: a Node event after the extender's view has
+/// the change, so kube-scheduler's retry is not answered from the older view (`requeue.rs` unit
+/// test: no pod turned away lately, nothing written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_racing_a_rejection_asks_kube_scheduler_again() {
+    let api = FakeApiServer::start().await.unwrap();
+    let mut n = node("nv", &[("GPU-a", 24576)], Some(now()));
+    n["metadata"]["annotations"][DEVICE_CORDON] = "GPU-a".into();
+    api.create(n).unwrap();
+    let s = start(&api, &[]).await;
+    let room_changed = || {
+        api.get("v1", "nodes", "", "nv").and_then(|n| {
+            n["metadata"]["annotations"][ROOM_CHANGED]
+                .as_str()
+                .map(str::to_string)
+        })
+    };
+    let cordon = |value: Value| {
+        api.merge_patch(
+            "v1",
+            "nodes",
+            "",
+            "nv",
+            &json!({"metadata": {"annotations": {DEVICE_CORDON: value}}}),
+        )
+        .unwrap();
+    };
+    api.create(pod("waits", 1024)).unwrap();
+    let r = s.filter(&api, "waits", &["nv"]).await;
+    assert!(r["NodeNames"].as_array().is_none_or(Vec::is_empty), "{r}");
+    assert_eq!(room_changed(), None, "written before any change");
+    // Lifted just after the pod was turned away: asked again.
+    cordon(Value::Null);
+    vgpu_tests::wait_for_async(WAIT, "vgpu.io/room-changed on the Node", || async {
+        room_changed()
+    })
+    .await;
+    let r = s.filter(&api, "waits", &["nv"]).await;
+    assert_eq!(r["NodeNames"], json!(["nv"]), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_numa_and_cordon_from_hami_annotations() {
     vgpu_tests::binary("vgpu-scheduler");

@@ -451,14 +451,14 @@ impl Cluster {
     }
 
     /// Adds or updates a node from its annotations (`vgpu.io/node-devices`, `vgpu.io/node-heartbeat`,
-    /// `hami.io/device-cordon`).
+    /// `hami.io/device-cordon`); whether its GPUs or cordon changed.
     pub fn apply_node(
         &mut self,
         name: &str,
         inventory: Option<&str>,
         heartbeat: Option<&str>,
         cordon: Option<&str>,
-    ) {
+    ) -> bool {
         let inv = match inventory.map(NodeInventory::decode) {
             None => Inventory::Missing,
             Some(Ok(i)) => Inventory::Devices(i.devices),
@@ -482,6 +482,7 @@ impl Cluster {
             self.rebuild_entry(name);
         }
         self.sync(name);
+        changed
     }
 
     /// Forgets a node (its pods stay counted, should it come back).
@@ -522,11 +523,14 @@ impl Cluster {
         self.rebuild(&node);
     }
 
-    /// Sets a node's allocatable CPU and memory, from its Node object (`None`: not known).
-    pub fn apply_allocatable(&mut self, name: &str, allocatable: Option<HostLeft>) {
-        if self.hosts.set_allocatable(name, allocatable) {
+    /// Sets a node's allocatable CPU and memory, from its Node object (`None`: not known); whether
+    /// they changed.
+    pub fn apply_allocatable(&mut self, name: &str, allocatable: Option<HostLeft>) -> bool {
+        let changed = self.hosts.set_allocatable(name, allocatable);
+        if changed {
             self.sync(name);
         }
+        changed
     }
 
     /// Counts any pod's CPU and memory request on its node (`node`: its `spec.nodeName`): what

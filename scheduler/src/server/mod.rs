@@ -165,6 +165,8 @@ pub struct AppState {
     standings: Mutex<StandingMemo>,
     /// DRA mode's node scores (`--dra`), once its watches are started.
     pub dra: std::sync::OnceLock<crate::claim_score::DraScorer>,
+    /// Asks kube-scheduler to retry pods turned away on a view older than its own.
+    pub requeue: crate::requeue::Requeue,
 }
 
 /// Now, in Unix seconds.
@@ -196,7 +198,7 @@ fn candidates(args: &ExtenderArgs) -> Vec<&str> {
 }
 
 impl AppState {
-    /// State with an empty cache.
+    /// State with an empty cache; with a client, on a tokio runtime (the requeue writer starts).
     pub fn new(settings: Settings, client: Option<kube::Client>) -> AppState {
         let mut cluster = Cluster::new(settings.heartbeat_timeout, settings.assume_ttl);
         cluster.set_typical_pods(settings.typical_pods.clone());
@@ -204,12 +206,16 @@ impl AppState {
             cluster: RwLock::new(cluster),
             settings,
             metrics: Metrics::new(),
-            client,
             readiness: Readiness::default(),
             scores: Mutex::new(HashMap::new()),
             slot_hints: Mutex::new(Vec::new()),
             standings: Mutex::new(StandingMemo::default()),
             dra: std::sync::OnceLock::new(),
+            requeue: match &client {
+                Some(c) => crate::requeue::Requeue::start(c.clone()),
+                None => crate::requeue::Requeue::disabled(),
+            },
+            client,
         }
     }
 
@@ -375,6 +381,9 @@ impl AppState {
             generation = read(&self.cluster).generation();
         }
         passed.iter().for_each(|n| out.pass(n));
+        if passed.is_empty() {
+            self.requeue.turned_away();
+        }
         if let Some(uid) = uid {
             self.remember(uid, Memo::new(req, generation, &passed, scores));
         }

@@ -187,17 +187,6 @@ fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
-/// RFC 3339 with microseconds (MicroTime), UTC.
-pub fn micro_time_now() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let base = vgpu_core::time::format_rfc3339(now.as_secs());
-    // format_rfc3339 ends with 'Z'; insert the fraction before it.
-    let stem = base.trim_end_matches('Z');
-    format!("{stem}.{:06}Z", now.subsec_micros())
-}
-
 /// Queues rejections for the writer task.
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
@@ -288,7 +277,7 @@ async fn write_event(client: &kube::Client, r: &Rejection, n: u64) -> Result<(),
     let name = event_name(r);
     const ATTEMPTS: u32 = 16;
     for _ in 0..ATTEMPTS {
-        let now = micro_time_now();
+        let now = vgpu_core::time::now_rfc3339_micros();
         match api.get_opt(&name).await? {
             None => {
                 let obj: DynamicObject = serde_json::from_value(new_event(r, n, &now))?;
@@ -378,7 +367,7 @@ mod tests {
         assert!(ev.get("series").is_none());
         assert_eq!(occurrences(&ev), 1);
         assert_eq!(occurrences(&new_event(&r, 3, "t")), 3);
-        let t = micro_time_now();
+        let t = vgpu_core::time::now_rfc3339_micros();
         assert!(
             t.ends_with('Z') && t.len() == "2026-12-03T12:00:00.000001Z".len(),
             "{t}"

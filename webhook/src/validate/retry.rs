@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use vgpu_core::annotations::QUOTA_RETRY;
 
-use super::events::{micro_time_now, ObjectRef};
+use super::events::ObjectRef;
 use crate::metrics::Metrics;
 
 /// The controllers asked to retry: (apiVersion, kind, plural). Others (custom operators) are left
@@ -156,7 +156,7 @@ async fn write(client: kube::Client, mut asks: mpsc::Receiver<ObjectRef>, metric
         };
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &owner.namespace, &resource);
-        let patch = json!({"metadata": {"annotations": {QUOTA_RETRY: micro_time_now()}}});
+        let patch = json!({"metadata": {"annotations": {QUOTA_RETRY: vgpu_core::time::now_rfc3339_micros()}}});
         let result = match api
             .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
