@@ -274,13 +274,8 @@ async fn a_controller_refused_for_quota_is_asked_to_retry_when_room_may_have_app
             "name": owner, "uid": format!("uid-{owner}"), "controller": true}]);
         pod
     };
-    let refused = c
-        .validate(
-            0,
-            &owned("train-a", "apps/v1", "ReplicaSet", "train-7d9f"),
-            false,
-        )
-        .await;
+    let replica = |name: &str| owned(name, "apps/v1", "ReplicaSet", "train-7d9f");
+    let refused = c.validate(0, &replica("train-a"), false).await;
     assert_eq!(refused["allowed"], false, "{refused}");
     let custom = c
         .validate(0, &owned("tf-a", "kubeflow.org/v1", "TFJob", "tf"), false)
@@ -321,21 +316,9 @@ async fn a_controller_refused_for_quota_is_asked_to_retry_when_room_may_have_app
 
     // Its retry fits; once asked it is forgotten, and refused again it is asked again when the
     // holder goes away.
-    let fits = c
-        .validate(
-            0,
-            &owned("train-b", "apps/v1", "ReplicaSet", "train-7d9f"),
-            false,
-        )
-        .await;
+    let fits = c.validate(0, &replica("train-b"), false).await;
     assert_eq!(fits["allowed"], true, "{fits}");
-    let again = c
-        .validate(
-            0,
-            &owned("train-c", "apps/v1", "ReplicaSet", "train-7d9f"),
-            false,
-        )
-        .await;
+    let again = c.validate(0, &replica("train-c"), false).await;
     assert_eq!(again["allowed"], false, "{again}");
     c.api.delete("v1", "pods", NS, "holder").unwrap();
     vgpu_tests::wait_for_async(
