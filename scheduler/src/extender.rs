@@ -278,6 +278,9 @@ pub struct MetaView<'a> {
     /// `metadata.uid`.
     #[serde(borrow, default)]
     pub uid: Option<Name<'a>>,
+    /// `metadata.creationTimestamp` (RFC 3339): older waiting pods go first.
+    #[serde(borrow, default, rename = "creationTimestamp")]
+    pub creation_timestamp: Option<Name<'a>>,
     /// The annotations placement reads.
     #[serde(borrow, default)]
     pub annotations: Option<AnnotationsView<'a>>,

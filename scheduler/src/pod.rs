@@ -33,6 +33,8 @@ pub trait PodSource {
     fn key(&self) -> Key<'_>;
     /// `metadata.uid`.
     fn uid(&self) -> Option<&str>;
+    /// `metadata.creationTimestamp`, Unix seconds (0 when missing or unreadable).
+    fn created(&self) -> i64;
     /// The annotation `key`.
     fn annotation(&self, key: &str) -> Option<&str>;
     /// `spec.initContainers`, in order.
@@ -80,6 +82,12 @@ impl PodSource for Pod {
     }
     fn uid(&self) -> Option<&str> {
         self.metadata.uid.as_deref()
+    }
+    fn created(&self) -> i64 {
+        self.metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second())
     }
     fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata
@@ -138,6 +146,13 @@ impl<'a> PodSource for PodView<'a> {
     }
     fn uid(&self) -> Option<&str> {
         self.metadata.as_ref()?.uid.as_ref().map(Name::as_str)
+    }
+    fn created(&self) -> i64 {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.creation_timestamp.as_ref())
+            .and_then(|t| vgpu_core::time::parse_rfc3339(t.as_str()).ok())
+            .map_or(0, |s| i64::try_from(s).unwrap_or(i64::MAX))
     }
     fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata.as_ref()?.annotations.as_ref()?.get(key)

@@ -168,10 +168,15 @@ impl Feed<Pod> for Pods {
         if pod::is_terminal(&pod) {
             self.room_on(&pod);
         }
+        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        if let (true, Some(uid)) = (bound || pod::is_terminal(&pod), &pod.metadata.uid) {
+            self.state.no_longer_waiting(uid);
+        }
     }
     fn deleted(&mut self, pod: Pod) {
         if let Some(uid) = &pod.metadata.uid {
             write(&self.state).delete_pod(uid);
+            self.state.no_longer_waiting(uid);
         }
         self.room_on(&pod);
     }

@@ -942,6 +942,11 @@ impl<'p, 'c> Journey<'p, 'c> {
             bound_p99 < 5.0,
             "{step}: fifty waiting pods bound p99 {bound_p99:.1} s"
         );
+        // Room goes to the oldest waiting pod that fits (vgpu-scheduler's server/waiting.rs).
+        assert!(
+            out_of_order.is_empty(),
+            "{step}: pods started out of creation order: {out_of_order:?}"
+        );
         // The kubelet admitted them in the order they were bound; before the device plugin asked
         // it which pod it was admitting, 19 of the 50 ran with another pod's slice.
         assert!(

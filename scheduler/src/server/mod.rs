@@ -167,6 +167,8 @@ pub struct AppState {
     pub dra: std::sync::OnceLock<crate::claim_score::DraScorer>,
     /// Asks kube-scheduler to retry pods turned away on a view older than its own.
     pub requeue: crate::requeue::Requeue,
+    /// The pods turned away lately: room goes to the oldest that fits first.
+    waiting: Mutex<waiting::WaitingPods>,
 }
 
 /// Now, in Unix seconds.
@@ -211,6 +213,7 @@ impl AppState {
             slot_hints: Mutex::new(Vec::new()),
             standings: Mutex::new(StandingMemo::default()),
             dra: std::sync::OnceLock::new(),
+            waiting: Mutex::default(),
             requeue: match &client {
                 Some(c) => crate::requeue::Requeue::start(c.clone()),
                 None => crate::requeue::Requeue::disabled(),
@@ -283,6 +286,47 @@ impl AppState {
             // bind checks again.
             tracing::debug!(%uid, %node, error = %e, "filter's choice no longer fits; not held");
         }
+    }
+
+    /// Holds room for the oldest pods turned away lately that are older than this pod (`order`:
+    /// its creation and name) and fit now,
+    /// each on its best node among those kube-scheduler last offered it ([`waiting`]); a pod that
+    /// already holds room keeps it.
+    fn hold_for_older(&self, order: impl FnOnce() -> (i64, String), now: u64) {
+        let ahead = {
+            let waiting = lock(&self.waiting);
+            if waiting.is_empty() {
+                return;
+            }
+            waiting.ahead_of(&order(), now)
+        };
+        for (uid, w) in ahead {
+            if read(&self.cluster).is_assumed(&uid) {
+                continue;
+            }
+            let names: Vec<&str> = w.nodes.iter().map(String::as_str).collect();
+            let mut passed: Vec<&str> = Vec::new();
+            let mut scores: Vec<u32> = Vec::new();
+            let mut ranks: Vec<i64> = Vec::new();
+            self.scan(
+                &w.request,
+                &names,
+                now,
+                |n, s| {
+                    passed.push(n);
+                    scores.push(s.score);
+                    ranks.push(s.rank);
+                },
+                |_, _| {},
+            );
+            keep_best(&mut passed, &mut scores, &ranks);
+            self.hold(Some(&uid), &w.request, passed.first().copied(), now);
+        }
+    }
+
+    /// A pod was bound or deleted: it waits no more.
+    pub fn no_longer_waiting(&self, uid: &str) {
+        lock(&self.waiting).forget(uid);
     }
 
     /// Drops an earlier hold of a pod that is being filtered again (its bind failed elsewhere,
@@ -361,6 +405,10 @@ impl AppState {
         };
         let uid = pod.uid();
         self.release(uid);
+        let order = || (pod.created(), pod.key().to_string());
+        if self.settings.choose_node {
+            self.hold_for_older(order, now);
+        }
         let mut passed: Vec<&str> = Vec::with_capacity(names.len());
         let mut scores: Vec<u32> = Vec::with_capacity(names.len());
         let mut ranks: Vec<i64> = Vec::with_capacity(names.len());
@@ -383,6 +431,22 @@ impl AppState {
         passed.iter().for_each(|n| out.pass(n));
         if passed.is_empty() {
             self.requeue.turned_away();
+        }
+        if let Some(uid) = uid {
+            let mut waiting = lock(&self.waiting);
+            if passed.is_empty() {
+                waiting.turned_away(
+                    uid,
+                    waiting::Waiting {
+                        order: order(),
+                        request: req.clone(),
+                        nodes: names.iter().map(|n| n.to_string()).collect(),
+                        at: now,
+                    },
+                );
+            } else {
+                waiting.forget(uid);
+            }
         }
         if let Some(uid) = uid {
             self.remember(uid, Memo::new(req, generation, &passed, scores));
@@ -752,6 +816,7 @@ pub fn metrics_app(state: Arc<AppState>) -> Router {
 }
 
 mod answer;
+pub mod waiting;
 use answer::{lean_args, JsonVerdicts, TypedVerdicts, Verdicts};
 
 #[cfg(test)]

@@ -555,3 +555,46 @@ async fn gap_aware_policy_scores_through_the_extender() {
     let (roomy, tight) = prioritize_two(&s, "binpack", 40).await;
     assert!(roomy < tight, "{roomy} vs {tight}");
 }
+
+/// Room that appears goes to the oldest pod turned away that fits, whichever kube-scheduler
+/// retries first (it orders waiting pods by their last attempt); a pod that fits nowhere holds
+/// nothing back, and an older pod that was bound or deleted no longer waits.
+#[tokio::test]
+async fn room_goes_to_the_oldest_pod_turned_away_that_fits() {
+    let s = Arc::new(AppState::new(Settings::default(), None));
+    let hb = vgpu_core::time::format_rfc3339(unix_now());
+    write(&s.cluster).apply_node("n", Some(&inventory(&[("GPU-n", 10000)])), Some(&hb), None);
+    place_slice(&s, "n", "GPU-n", 9000, 0);
+    let pod = |name: &str, created: &str, mib: u32| {
+        json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+            "creationTimestamp": created},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {
+                "nvidia.com/gpumem": mib.to_string()}}}]}})
+    };
+    let filter = |p: Value| {
+        let app = extender_app(s.clone());
+        async move {
+            let (_, r) = call(app, "/filter", json!({"Pod": p, "NodeNames": ["n"]})).await;
+            r["NodeNames"].clone()
+        }
+    };
+    let huge = pod("huge", "2026-12-07T10:00:00Z", 20000);
+    let older = pod("older", "2026-12-07T10:00:01Z", 3000);
+    let younger = pod("younger", "2026-12-07T10:00:02Z", 3000);
+    for p in [&huge, &older, &younger] {
+        assert_eq!(filter(p.clone()).await, json!([]), "the GPU is full");
+    }
+    // Room for one: kube-scheduler happens to retry the younger pod first.
+    write(&s.cluster).delete_pod("u-n");
+    place_slice(&s, "n", "GPU-n", 6000, 0);
+    assert_eq!(
+        filter(younger.clone()).await,
+        json!([]),
+        "held for the older pod"
+    );
+    assert_eq!(filter(older.clone()).await, json!(["n"]));
+    // The older one bound elsewhere (or deleted): it waits no more, and holds nothing.
+    write(&s.cluster).forget("uid-older");
+    s.no_longer_waiting("uid-older");
+    assert_eq!(filter(younger).await, json!(["n"]));
+}
