@@ -28,8 +28,8 @@ pub struct Settings {
     pub core_policy: vgpu_core::env::CorePolicy,
     /// Namespaces whose pods may lift a limit (`CUDA_DISABLE_CONTROL`, their own core policy).
     pub disable_control_namespaces: Vec<String>,
-    /// Asked which pod the kubelet is admitting when several could be ([`crate::admitting`]);
-    /// `None`: the oldest.
+    /// Asked which pod the kubelet is admitting ([`crate::admitting`]); `None`: the oldest
+    /// pending pod of the count is answered.
     pub pod_resources: Option<crate::admitting::Lister>,
 }
 

@@ -289,9 +289,8 @@ impl AppState {
     }
 
     /// Holds room for the oldest pods turned away lately that are older than this pod (`order`:
-    /// its creation and name) and fit now,
-    /// each on its best node among those kube-scheduler last offered it ([`waiting`]); a pod that
-    /// already holds room keeps it.
+    /// its creation and name) and fit now, each on its best node among those kube-scheduler last
+    /// offered it ([`waiting`]); a pod that already holds room keeps it.
     fn hold_for_older(&self, order: impl FnOnce() -> (i64, String), now: u64) {
         let ahead = {
             let waiting = lock(&self.waiting);
