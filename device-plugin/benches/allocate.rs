@@ -128,7 +128,7 @@ fn bench(c: &mut Criterion) {
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
     let channel = rt
-        .block_on(vgpu_device_plugin::kubelet::connect_unix(&sock))
+        .block_on(vgpu_device_plugin::unix::connect_unix(&sock))
         .unwrap();
     let mut client = DevicePluginClient::new(channel);
 

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::kubelet::connect_unix;
+use crate::unix::connect_unix;
 
 /// The kubelet's PodResources API, v1 (generated from `proto/podresources_v1.proto`).
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]

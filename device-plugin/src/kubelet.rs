@@ -9,15 +9,15 @@ use crate::api;
 use crate::api::device_plugin_server::DevicePluginServer;
 use crate::api::registration_client::RegistrationClient;
 use crate::plugin::{options, Service, Shared};
-use hyper_util::rt::TokioIo;
+use crate::unix::connect_unix;
 use notify::{EventKind, RecursiveMode, Watcher};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tokio::net::{UnixListener, UnixStream};
-use tonic::transport::{Channel, Endpoint, Server};
+use tokio::net::UnixListener;
+use tonic::transport::Server;
 
 /// The kubelet's registration socket, in the device-plugin directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -63,18 +63,6 @@ pub enum KubeletError {
         /// What failed.
         message: String,
     },
-}
-
-/// A gRPC channel over a unix socket.
-pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    // The URI is required by the API but unused: the connector dials the socket.
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
 }
 
 /// Registers `endpoint` (a socket file name in `dir`) for `resource` with the kubelet.

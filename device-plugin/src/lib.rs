@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod plugin;
 pub mod pods;
 pub mod records;
+pub mod unix;
 pub mod watch;
 
 /// The kubelet device plugin API, v1beta1 (generated from `proto/deviceplugin_v1beta1.proto`).

@@ -98,7 +98,7 @@ impl Env {
     async fn register(&self, fresh: bool) -> reg::PluginInfo {
         let sock = self.dir("plugins_registry").join("gpu.vgpu.io-reg.sock");
         let channel = vgpu_tests::wait_for_async(T, "the registration socket", || async {
-            vgpu_device_plugin::kubelet::connect_unix(&sock).await.ok()
+            vgpu_device_plugin::unix::connect_unix(&sock).await.ok()
         })
         .await;
         let mut client = reg::registration_client::RegistrationClient::new(channel);
@@ -125,9 +125,7 @@ impl Env {
 
     async fn channel(&self) -> tonic::transport::Channel {
         let sock = self.dir("plugins").join("gpu.vgpu.io/dra.sock");
-        vgpu_device_plugin::kubelet::connect_unix(&sock)
-            .await
-            .unwrap()
+        vgpu_device_plugin::unix::connect_unix(&sock).await.unwrap()
     }
 
     fn slice(&self) -> Option<Value> {
