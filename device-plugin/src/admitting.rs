@@ -17,7 +17,7 @@
 //! the pods the cache could answer for, the one in that state is the one.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::unix::connect_unix;
@@ -83,34 +83,30 @@ pub struct Lister {
 }
 
 impl Lister {
-    /// The kubelet's pods now ([`list`]).
+    /// The kubelet's pods, from `List`; `None` (logged) when the kubelet does not answer in time
+    /// or serves no PodResources API, and the pod cache's own order decides.
     pub async fn list(&self) -> Option<KubeletPods> {
-        list(&self.socket, &self.resource).await
-    }
-}
-
-/// The kubelet's pods, from `List` on `socket`; `None` (logged) when the kubelet does not answer
-/// in time or serves no PodResources API, and the pod cache's own order decides.
-pub async fn list(socket: &Path, resource: &str) -> Option<KubeletPods> {
-    let call = async {
-        let channel = connect_unix(socket).await.map_err(|e| e.to_string())?;
-        api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
-            .list(api::ListPodResourcesRequest {})
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(LIST_TIMEOUT, call).await {
-        Ok(Ok(list)) => Some(KubeletPods::from_list(list, resource)),
-        Ok(Err(error)) => {
-            tracing::warn!(socket = %socket.display(), %error,
-                "the kubelet's PodResources List failed; answering the oldest pending pod");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(socket = %socket.display(), timeout = ?LIST_TIMEOUT,
-                "the kubelet's PodResources List did not answer; answering the oldest pending pod");
-            None
+        let socket = &self.socket;
+        let call = async {
+            let channel = connect_unix(socket).await.map_err(|e| e.to_string())?;
+            api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+                .list(api::ListPodResourcesRequest {})
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(LIST_TIMEOUT, call).await {
+            Ok(Ok(list)) => Some(KubeletPods::from_list(list, &self.resource)),
+            Ok(Err(error)) => {
+                tracing::warn!(socket = %socket.display(), %error,
+                    "the kubelet's PodResources List failed; answering the oldest pending pod");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(socket = %socket.display(), timeout = ?LIST_TIMEOUT,
+                    "the kubelet's PodResources List did not answer; answering the oldest pending pod");
+                None
+            }
         }
     }
 }

@@ -39,6 +39,13 @@ pub struct PodEntry {
     pub settings: HashMap<String, ContainerSettings>,
 }
 
+impl PodEntry {
+    /// Oldest first: creation, then namespace and name (creation has 1 s granularity).
+    fn age_order(&self) -> (i64, &str, &str) {
+        (self.created, &self.namespace, &self.name)
+    }
+}
+
 /// HAMi's per-container runtime settings, as the pod spec gives them (literal `env` values only:
 /// `valueFrom` and `envFrom` are not in the pod, so they cannot change what Allocate decides).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -259,9 +266,7 @@ impl PodCache {
             .filter(|(p, c)| {
                 kubelet.is_none_or(|k| k.may_be_allocating(&p.namespace, &p.name, &c.name))
             })
-            .min_by(|(a, _), (b, _)| {
-                (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name))
-            })
+            .min_by(|(a, _), (b, _)| a.age_order().cmp(&b.age_order()))
             .map(|(_, c)| c.devices.iter().map(|d| d.uuid.clone()).collect())
     }
 
@@ -308,9 +313,7 @@ impl PodCache {
                 None => {}
             }
         }
-        candidates.sort_by(|a, b| {
-            (a.0.created, &a.0.namespace, &a.0.name).cmp(&(b.0.created, &b.0.namespace, &b.0.name))
-        });
+        candidates.sort_by(|a, b| a.0.age_order().cmp(&b.0.age_order()));
         if let Some(k) = kubelet {
             candidates.retain(|(p, c)| {
                 let admitting = k.may_be_allocating(&p.namespace, &p.name, &c.name);

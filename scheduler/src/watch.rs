@@ -165,11 +165,12 @@ impl Feed<Pod> for Pods {
     }
     fn applied(&mut self, pod: Pod) {
         apply_pod(&self.state, &pod);
-        if pod::is_terminal(&pod) {
+        let terminal = pod::is_terminal(&pod);
+        if terminal {
             self.room_on(&pod);
         }
         let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-        if let (true, Some(uid)) = (bound || pod::is_terminal(&pod), &pod.metadata.uid) {
+        if let (true, Some(uid)) = (bound || terminal, &pod.metadata.uid) {
             self.state.no_longer_waiting(uid);
         }
     }

@@ -446,8 +446,7 @@ impl AppState {
             } else {
                 waiting.forget(uid);
             }
-        }
-        if let Some(uid) = uid {
+            drop(waiting);
             self.remember(uid, Memo::new(req, generation, &passed, scores));
         }
     }

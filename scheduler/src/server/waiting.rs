@@ -18,8 +18,9 @@ use vgpu_core::placement::PodRequest;
 pub const WAITING_FOR: u64 = 60;
 /// The most older pods a filter holds room for: bounds the filter's extra work.
 pub const MOST_AHEAD: usize = 16;
-/// The most pods remembered; beyond it the youngest are not.
-const MOST: usize = 4096;
+/// The most pods remembered, the oldest kept: only the oldest are ever held for, and each keeps
+/// the names of the nodes it was offered (hundreds at scale).
+pub const MOST: usize = 256;
 
 /// A pod the filter turned away.
 #[derive(Debug, Clone)]
@@ -41,13 +42,25 @@ pub struct WaitingPods {
 }
 
 impl WaitingPods {
-    /// `uid` was turned away at `now`.
+    /// `uid` was turned away (at `pod.at`); when [`MOST`] are remembered, the youngest gives way
+    /// to an older one.
     pub fn turned_away(&mut self, uid: &str, pod: Waiting) {
         self.pods
             .retain(|_, w| pod.at.saturating_sub(w.at) <= WAITING_FOR);
-        if self.pods.len() < MOST || self.pods.contains_key(uid) {
-            self.pods.insert(uid.to_string(), pod);
+        if self.pods.len() >= MOST && !self.pods.contains_key(uid) {
+            let youngest = self
+                .pods
+                .iter()
+                .max_by(|a, b| a.1.order.cmp(&b.1.order))
+                .map(|(u, w)| (u.clone(), w.order.clone()));
+            match youngest {
+                Some((u, order)) if pod.order < order => {
+                    self.pods.remove(&u);
+                }
+                _ => return,
+            }
         }
+        self.pods.insert(uid.to_string(), pod);
     }
 
     /// `uid` was placed, bound or deleted.
@@ -106,5 +119,27 @@ mod tests {
         w.forget("a");
         let ahead: Vec<String> = w.ahead_of(&me, 100).into_iter().map(|(u, _)| u).collect();
         assert_eq!(ahead, ["old", "c"]);
+    }
+
+    #[test]
+    fn when_full_the_youngest_gives_way() {
+        let mut w = WaitingPods::default();
+        for i in 0..MOST {
+            w.turned_away(
+                &format!("p{i}"),
+                waiting(10 + i as i64, &format!("p{i:04}"), 100),
+            );
+        }
+        w.turned_away("younger", waiting(10_000, "younger", 100));
+        w.turned_away("oldest", waiting(1, "oldest", 100));
+        let all = (i64::MAX, String::new());
+        let ahead: Vec<String> = w.ahead_of(&all, 100).into_iter().map(|(u, _)| u).collect();
+        assert_eq!(ahead[0], "oldest");
+        assert_eq!(w.pods.len(), MOST);
+        assert!(!w.pods.contains_key("younger"));
+        assert!(
+            !w.pods.contains_key(&format!("p{}", MOST - 1)),
+            "the youngest gave way"
+        );
     }
 }
