@@ -704,10 +704,11 @@ impl<'p, 'c> Journey<'p, 'c> {
         c.delete(&["pod", "tampered", "-n", NS_FREE]);
     }
 
-    /// NVIDIA's `cuda-bindings` (driver module) and `nvidia-ml-py` from PyPI, in a container the
-    /// device plugin set up: every allocation path they take (`tests/python/driver_checks.py`:
-    /// linear, stream-ordered, VMM on the device and in host memory, managed) is capped at the
-    /// container's 2048 MiB, and NVML reports the slice (`nvml_checks.py`); the hook says nothing.
+    /// NVIDIA's `cuda-bindings` (driver and runtime modules) and `nvidia-ml-py` from PyPI, in a
+    /// container the device plugin set up: every allocation path they take
+    /// (`tests/python/driver_checks.py`: linear, stream-ordered, VMM on the device and in host
+    /// memory, managed; `runtime_checks.py`: the CUDA runtime's) is capped at the container's
+    /// 2048 MiB, and NVML reports the slice (`nvml_checks.py`); the hook says nothing.
     fn real_cuda_user_space_runs_capped(&self, step: &str) {
         if !self.python_image {
             return;
@@ -726,6 +727,7 @@ impl<'p, 'c> Journey<'p, 'c> {
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 1000,
                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [container("driver", "driver_checks.py"),
+                    container("runtime", "runtime_checks.py"),
                     container("nvml", "nvml_checks.py")]}});
         c.create_in(NS_FREE, pod)
             .unwrap_or_else(|e| panic!("{step}: {e}"));
@@ -736,6 +738,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         });
         for (name, want) in [
             ("driver", vgpu_tests::PYTHON_DRIVER_CHECKS),
+            ("runtime", vgpu_tests::PYTHON_RUNTIME_CHECKS),
             ("nvml", vgpu_tests::PYTHON_NVML_CHECKS),
         ] {
             let logs = c
@@ -753,7 +756,7 @@ impl<'p, 'c> Journey<'p, 'c> {
         }
         assert_eq!(phase, "Succeeded", "{step}: cuda-python");
         crate::report(
-            "real CUDA user space: cuda-bindings 12.9 and nvidia-ml-py capped at 2048 MiB in a pod",
+            "real CUDA user space: cuda-bindings 12.9 (driver and runtime) and nvidia-ml-py capped at 2048 MiB in a pod",
         );
         c.delete(&["pod", "cuda-python", "-n", NS_FREE]);
     }

@@ -157,30 +157,71 @@ fn nvidia_ml_py_reports_the_slice() {
 }
 
 /// The CUDA runtime (cudart, linked into cuda-bindings' runtime module as into CuPy and PyTorch)
-/// asks the driver at start for two internal function tables by UUID (`cuGetExportTable`,
-/// undocumented), which the fake cannot provide: it stops there, before any allocation. This pins
-/// exactly what it asks, so a change in cudart shows here; on a real GPU `tests/gpu/check.sh` runs
-/// the runtime through the hook.
+/// over the fake: it asks the driver for its internal tables by UUID (`cuGetExportTable`,
+/// undocumented; the fake's come from ZLUDA's public layouts), then allocates through the hook,
+/// capped on each path. The tables it asks are pinned, so a cudart that asks for another shows
+/// here.
 #[test]
-fn the_cuda_runtime_stops_at_the_undocumented_export_tables() {
-    for major in [12, 13] {
+fn the_cuda_runtime_is_capped_on_every_path() {
+    for (major, tables) in [(12, &CUDART_12_TABLES[..]), (13, &CUDART_13_TABLES[..])] {
         let Some(py) = python(major) else {
             continue;
         };
         let (stdout, stderr) =
             Fakes::new().run(&py, "runtime_checks.py", &[("FAKE_CUDA_TRACE", "1")]);
-        assert_checks(&stdout, &["runtime-stops-at-export-tables"], "cudart");
+        assert_checks(
+            &stdout,
+            vgpu_tests::PYTHON_RUNTIME_CHECKS,
+            &format!("cudart {major}"),
+        );
         let asked: Vec<&str> = stderr
             .lines()
             .filter_map(|l| l.strip_prefix("fake-cuda: cuGetExportTable "))
             .collect();
         assert_eq!(
-            asked,
-            [
-                "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
-                "6bd5fb6c5bf4e74a8987d93912fd9df9: NOT PROVIDED"
-            ],
+            asked, tables,
             "cudart {major}: the export tables it asks for"
         );
+        assert!(
+            !stderr.contains("vgpu:"),
+            "cudart {major}: the hook complained:\n{stderr}"
+        );
     }
+}
+
+const CUDART_12_TABLES: [&str; 7] = [
+    "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
+    "6bd5fb6c5bf4e74a8987d93912fd9df9: CUDART_INTERFACE",
+    "a094798c2e742e7493f20800200c0a66: TOOLS_RUNTIME_CALLBACK_HOOKS",
+    "42d85a8123f6cb478298f6e78a3aecdc: TOOLS_TLS",
+    "c693336e1121df11a8c368f355d89593: CONTEXT_LOCAL_STORAGE",
+    "263e88607cd2614392f6bbd5006dfa7e: CONTEXT_CHECKS",
+    "d4082055bde6704b8d34ba123c66e1f2: INTEGRITY_CHECK",
+];
+
+const CUDART_13_TABLES: [&str; 8] = [
+    "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
+    "6bd5fb6c5bf4e74a8987d93912fd9df9: CUDART_INTERFACE",
+    "a094798c2e742e7493f20800200c0a66: TOOLS_RUNTIME_CALLBACK_HOOKS",
+    "42d85a8123f6cb478298f6e78a3aecdc: TOOLS_TLS",
+    "21318c60971432488ca641ff7324c8f2: TOOLS_CONTEXT",
+    "c693336e1121df11a8c368f355d89593: CONTEXT_LOCAL_STORAGE",
+    "263e88607cd2614392f6bbd5006dfa7e: CONTEXT_CHECKS",
+    "d4082055bde6704b8d34ba123c66e1f2: INTEGRITY_CHECK",
+];
+
+/// CuPy (cupy-cuda12x, installed beside cuda-bindings 12.9; its cudart linked in): its default
+/// pool and its stream-ordered pool are capped at the slice, and freeing their blocks gives the
+/// memory back.
+#[test]
+fn cupy_is_capped() {
+    let Some(py) = python(12) else {
+        return;
+    };
+    let (stdout, stderr) = Fakes::new().run(&py, "cupy_checks.py", &[]);
+    assert_checks(&stdout, vgpu_tests::PYTHON_CUPY_CHECKS, "CuPy");
+    assert!(
+        !stderr.contains("vgpu:"),
+        "CuPy: the hook complained:\n{stderr}"
+    );
 }

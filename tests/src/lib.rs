@@ -178,5 +178,16 @@ pub const PYTHON_DRIVER_CHECKS: &[&str] = &[
     "managed",
 ];
 
+/// The checks `tests/python/runtime_checks.py` prints, in order (the suite and the tier).
+pub const PYTHON_RUNTIME_CHECKS: &[&str] = &[
+    "runtime-init",
+    "runtime-malloc",
+    "runtime-malloc-async",
+    "runtime-managed",
+];
+
+/// The checks `tests/python/cupy_checks.py` prints, in order.
+pub const PYTHON_CUPY_CHECKS: &[&str] = &["cupy-init", "cupy-pool", "cupy-async-pool"];
+
 /// The checks `tests/python/nvml_checks.py` prints, in order.
 pub const PYTHON_NVML_CHECKS: &[&str] = &["nvml-init", "nvml-memory", "nvml-processes"];

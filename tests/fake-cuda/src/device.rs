@@ -94,7 +94,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
 pub struct CuUuid {
-    bytes: [u8; 16],
+    pub(crate) bytes: [u8; 16],
 }
 
 unsafe fn write_uuid(uuid: *mut CuUuid, dev: CUdevice) -> CUresult {
@@ -282,28 +282,4 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
     // SAFETY: same contract.
     unsafe { error_text(error, out, |e| e.2) }
-}
-
-/// `cuGetExportTable` (cuda.h declares it, without documentation: "\cond CUDA_EXPORT_TABLES"):
-/// hands out the driver's internal function table named by a UUID. The CUDA runtime asks for
-/// several at start and fails without them; their layouts are not public, so the fake provides
-/// none: it answers CUDA_ERROR_NOT_FOUND (as for a name it lacks) and, with `FAKE_CUDA_TRACE`,
-/// prints the UUID asked, which is what docs/runtime-hook.md lists.
-#[no_mangle]
-pub unsafe extern "C" fn cuGetExportTable(
-    table: *mut *const std::ffi::c_void,
-    id: *const CuUuid,
-) -> CUresult {
-    if table.is_null() || id.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    if std::env::var_os("FAKE_CUDA_TRACE").is_some() {
-        // SAFETY: checked non-null; a CUuuid is 16 bytes.
-        let bytes = unsafe { (*id).bytes };
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        eprintln!("fake-cuda: cuGetExportTable {hex}: NOT PROVIDED");
-    }
-    // SAFETY: checked non-null.
-    unsafe { *table = std::ptr::null() };
-    crate::CUDA_ERROR_NOT_FOUND
 }

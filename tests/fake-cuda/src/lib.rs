@@ -14,8 +14,8 @@
 //!   (the fake NVML turns it into utilization).
 //! - `FAKE_CUDA_DRIVER_VERSION`: what `cuDriverGetVersion` reports (`12090`, `13000`; default
 //!   12090, CUDA 12.9): the CUDA runtime refuses to start on a driver older than itself.
-//! - `FAKE_CUDA_TRACE`: set, every `cuGetProcAddress` lookup is printed to stderr with what it
-//!   found (how to see what a real caller asks of the driver).
+//! - `FAKE_CUDA_TRACE`: set, every `cuGetProcAddress` lookup and `cuGetExportTable` request is
+//!   printed to stderr with what it found (how to see what a real caller asks of the driver).
 //! - `FAKE_CUDA_SHARED`: path of a file through which all processes using the fake keep a device-wide
 //!   total, and its peak, the way a real GPU's memory is shared by every process on it. Memory of a
 //!   process that died is released (the driver frees a process's allocations when it exits).
@@ -40,6 +40,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::sync::OnceLock;
 
 mod device;
+mod export_tables;
 mod pools;
 mod streams;
 mod vmm;
@@ -541,7 +542,7 @@ unsafe fn alloc_current_pool(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresul
     }
     let d = try_cu!(current());
     // SAFETY: checked non-null.
-    unsafe { write_ptr(dptr, pools::alloc(pools::default_pool(d), bytesize as u64)) }
+    unsafe { write_ptr(dptr, pools::alloc(pools::current_pool(d), bytesize as u64)) }
 }
 
 /// `cuMemAllocAsync_ptsz`: per-thread default stream variant.

@@ -57,6 +57,8 @@ struct Pools {
     pools: HashMap<usize, Pool>,
     /// Live pool allocations: pointer -> (pool, bytes).
     allocations: HashMap<u64, (usize, u64)>,
+    /// A device's current pool where the program set one other than its default.
+    current: HashMap<usize, usize>,
 }
 
 static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
@@ -149,12 +151,46 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     CUDA_SUCCESS
 }
 
-/// `cuDeviceGetMemPool`: "Gets the current mempool for a device"; the fake never changes it from
-/// the default.
+/// The pool `cuMemAllocAsync` allocates from on visible device `d`.
+pub fn current_pool(d: usize) -> usize {
+    pools(|p| p.current.get(&d).copied()).unwrap_or_else(|| default_pool(d))
+}
+
+/// `cuDeviceGetMemPool`: "Gets the current mempool for a device. Returns the last pool provided
+/// to cuDeviceSetMemPool for this device or the device's default memory pool if
+/// cuDeviceSetMemPool has never been called."
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: CUdevice) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
+    let d = {
+        let s = try_cu!(state());
+        try_cu!(device_index(&s, dev))
+    };
+    if pool.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *pool = current_pool(d) as *mut c_void };
+    CUDA_SUCCESS
+}
+
+/// `cuDeviceSetMemPool`: "Sets the current memory pool of a device. The memory pool must be local
+/// to the specified device. cuMemAllocAsync allocates from the current mempool of the provided
+/// stream's device."
+#[no_mangle]
+pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: *mut c_void) -> CUresult {
+    let d = {
+        let s = try_cu!(state());
+        try_cu!(device_index(&s, dev))
+    };
+    let h = pool as usize;
+    pools(|p| match p.pools.get(&h) {
+        None if h != DEFAULT_BASE + d * 0x10 => CUDA_ERROR_INVALID_HANDLE,
+        Some(entry) if entry.device != d => CUDA_ERROR_INVALID_VALUE,
+        _ => {
+            p.current.insert(d, h);
+            CUDA_SUCCESS
+        }
+    })
 }
 
 /// `cuMemPoolCreate`: "Creates a memory pool" for `props->location`, which must be a device
@@ -201,7 +237,13 @@ pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> CUresult {
     if (DEFAULT_BASE..CREATED_BASE).contains(&h) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    match pools(|p| p.pools.remove(&h)) {
+    // "Destroying the current mempool of a device sets the default mempool of that device as the
+    // current mempool for that device."
+    let removed = pools(|p| {
+        p.current.retain(|_, current| *current != h);
+        p.pools.remove(&h)
+    });
+    match removed {
         Some(entry) => {
             give_device_memory(entry.device, entry.reserved);
             CUDA_SUCCESS
