@@ -24,6 +24,7 @@
 pub mod board;
 pub mod config;
 mod ffi;
+pub mod handles;
 pub mod ledger;
 pub mod meter;
 pub mod pools;

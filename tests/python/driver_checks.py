@@ -179,6 +179,26 @@ call(cu.cuMemAddressFree(va, 2 * size))
 assert free_bytes() == CAP
 ok("vmm-device")
 
+# cuda.h, cuMemRelease: "The memory allocation will be freed when all outstanding mappings to the
+# memory are unmapped and when all outstanding references to the handle ... are also released".
+# A handle released while mapped (CUDA's VMM samples release it right after cuMemMap) and one
+# retained again (NCCL's free path) keep their memory, so they stay charged until unmapped.
+handle = call(cu.cuMemCreate(size, prop, 0))
+va = call(cu.cuMemAddressReserve(size, 0, 0, 0))
+call(cu.cuMemMap(va, size, 0, handle, 0))
+call(cu.cuMemRelease(handle))
+assert free_bytes() == CAP - size, "released but mapped: the memory lives"
+call(cu.cuMemCreate(size, prop, 0), R.CUDA_ERROR_OUT_OF_MEMORY)
+physical_ok()
+again = call(cu.cuMemRetainAllocationHandle(int(va) + gran))
+assert int(again) == int(handle), (again, handle)
+call(cu.cuMemRelease(again))
+assert free_bytes() == CAP - size, "the retained reference released, still mapped"
+call(cu.cuMemUnmap(va, size))
+assert free_bytes() == CAP, "unmapped with no reference left: free"
+call(cu.cuMemAddressFree(va, size))
+ok("vmm-mapped")
+
 # An allocation exported as a file descriptor (NCCL's cuMem IPC between ranks): cuda.h keeps its
 # memory until every descriptor is closed and the allocation is released, so it stays charged
 # after cuMemRelease while the descriptor is open; an import (here, into the same process) is the

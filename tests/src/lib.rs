@@ -173,6 +173,7 @@ pub const PYTHON_DRIVER_CHECKS: &[&str] = &[
     "pools",
     "pool-reserve",
     "vmm-device",
+    "vmm-mapped",
     "vmm-export",
     "vmm-host",
     "managed",

@@ -197,9 +197,14 @@ pub unsafe extern "C" fn cuMemCreate(
         let dev = h.device_of(location.location_id);
         // SAFETY: forwarding the caller's arguments; `handle` is non-null and the driver wrote
         // it when it returned success.
-        h.allocate(dev, size as u64, Kind::Handle, || unsafe {
+        let r = h.allocate(dev, size as u64, Kind::Handle, || unsafe {
             cu(f(handle, size, prop, flags)).map(|()| *handle)
-        })
+        });
+        if r == CUDA_SUCCESS {
+            // SAFETY: checked non-null; the driver wrote it.
+            h.handles.lock().created(unsafe { *handle });
+        }
+        r
     })
 }
 alloc_export! {
@@ -281,8 +286,8 @@ free_export! {
     /// `cuMemFreeAsync_ptsz`.
     fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: *mut c_void) -> kind Ptr;
 }
-/// `cuMemRelease`: the handle's charge ends when the driver accepts it, unless the allocation was
-/// exported and a descriptor of it is still open (the memory then lives on: [`crate::shareable`]).
+/// `cuMemRelease`: the handle's charge ends with its last reference, once it is no longer mapped
+/// ([`crate::handles`]) and no descriptor exported for it is open ([`crate::shareable`]).
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     boundary(|| {
@@ -290,8 +295,68 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
         let f = real_or!(h, cuMemRelease);
         // SAFETY: forwarding the caller's argument.
         let r = unsafe { f(handle) };
-        if r == CUDA_SUCCESS {
+        if r == CUDA_SUCCESS && h.handles.lock().released(handle) {
             h.release_handle(handle);
+        }
+        r
+    })
+}
+
+/// `cuMemMap`: a mapping holds its allocation's memory ([`crate::handles`]).
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemMap);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(ptr, size, offset, handle, flags) };
+        if r == CUDA_SUCCESS {
+            h.handles.lock().mapped(ptr, size as u64, handle);
+        }
+        r
+    })
+}
+
+/// `cuMemUnmap`: the allocations whose handles were released and whose last mapping this was are
+/// freed by the driver now, and their charge ends.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemUnmap);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(ptr, size) };
+        if r == CUDA_SUCCESS {
+            let free = h.handles.lock().unmapped(ptr, size as u64);
+            for handle in free {
+                h.release_handle(handle);
+            }
+        }
+        r
+    })
+}
+
+/// `cuMemRetainAllocationHandle`: the handle it hands out is one more reference, released by one
+/// more `cuMemRelease` (NCCL frees its buffers this way).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut c_void,
+) -> CUresult {
+    boundary(|| {
+        let h = try_cu!(hook());
+        let f = real_or!(h, cuMemRetainAllocationHandle);
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { f(handle, addr) };
+        if r == CUDA_SUCCESS && !handle.is_null() {
+            // SAFETY: checked non-null; the driver wrote it.
+            h.handles.lock().retained(unsafe { *handle });
         }
         r
     })

@@ -89,6 +89,9 @@ pub(super) struct Hook {
     pub(super) pools: parking_lot::Mutex<crate::pools::PoolBook>,
     /// Exported allocations, which outlive their release (see [`crate::shareable`]).
     pub(super) shareable: parking_lot::Mutex<crate::shareable::Shareable>,
+    /// Charged VMM handles, which outlive their release while mapped or retained (see
+    /// [`crate::handles`]).
+    pub(super) handles: parking_lot::Mutex<crate::handles::Handles>,
 }
 
 /// The inode descriptor `fd` names, `None` when it is not open.
@@ -242,6 +245,7 @@ pub(super) fn init() -> Result<Hook, CUresult> {
         allocations: parking_lot::Mutex::new(KeyMap::default()),
         pools: parking_lot::Mutex::new(crate::pools::PoolBook::default()),
         shareable: parking_lot::Mutex::new(crate::shareable::Shareable::default()),
+        handles: parking_lot::Mutex::new(crate::handles::Handles::default()),
     })
 }
 
@@ -399,8 +403,9 @@ impl Hook {
         pools || !closed.is_empty()
     }
 
-    /// A `cuMemRelease` of `handle` the driver accepted: its charge ends, unless a descriptor
-    /// exported for it keeps the memory alive ([`crate::shareable`]).
+    /// The memory of `handle` is no longer held by a reference or a mapping
+    /// ([`crate::handles`]): its charge ends, unless a descriptor exported for it keeps the memory
+    /// alive ([`crate::shareable`]).
     pub(super) fn release_handle(&'static self, handle: u64) {
         let entry = self.allocations.lock().remove(&(Kind::Handle, handle));
         let Some((dev, bytes)) = entry else {

@@ -46,6 +46,9 @@ real_table! {
     cuMemExportToShareableHandle: fn(*mut c_void, u64, c_uint, u64);
     cuMemCreate: fn(*mut u64, usize, *const c_void, u64);
     cuMemRelease: fn(u64);
+    cuMemMap: fn(CUdeviceptr, usize, usize, u64, u64);
+    cuMemUnmap: fn(CUdeviceptr, usize);
+    cuMemRetainAllocationHandle: fn(*mut u64, *mut c_void);
     cuArrayCreate_v2: fn(*mut *mut c_void, *const ArrayDescriptor);
     cuArray3DCreate_v2: fn(*mut *mut c_void, *const Array3dDescriptor);
     cuArrayDestroy: fn(*mut c_void);

@@ -389,7 +389,7 @@ pub(crate) fn next_address(bytes: u64) -> Result<u64, CUresult> {
     Ok(p)
 }
 
-fn free_ptr(ptr: u64) -> CUresult {
+pub(crate) fn free_ptr(ptr: u64) -> CUresult {
     if pools::free(ptr) {
         return CUDA_SUCCESS;
     }
@@ -641,8 +641,9 @@ pub unsafe extern "C" fn cuMemCreate(
 }
 
 /// `cuMemRelease`: "Release a memory handle representing a memory allocation which was previously
-/// allocated through cuMemCreate" (the fake returns the memory at once; the driver keeps it while
-/// mappings of it remain).
+/// allocated through cuMemCreate. The memory allocation will be freed when all outstanding
+/// mappings to the memory are unmapped and when all outstanding references to the handle
+/// (including it's shareable counterparts) are also released."
 #[no_mangle]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     if vmm::release_host(handle) {

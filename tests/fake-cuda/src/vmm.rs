@@ -51,6 +51,10 @@ struct Space {
     lingering: Vec<u64>,
     /// Handles from cuMemImportFromShareableHandle: handle -> the allocation's key.
     imported: HashMap<u64, u64>,
+    /// References `cuMemRetainAllocationHandle` added to an allocation, beyond its create.
+    retained: HashMap<u64, u32>,
+    /// Allocations whose every reference was released while mapped: alive until unmapped.
+    unreferenced: HashSet<u64>,
     next_import: u64,
 }
 
@@ -93,8 +97,18 @@ pub fn release_host(handle: u64) -> bool {
 }
 
 fn handle_live(handle: u64) -> bool {
-    space(|s| s.host.contains(&handle) || s.imported.contains_key(&handle))
-        || state().is_ok_and(|st| st.allocations.contains_key(&handle))
+    let (ours, released) = space(|s| {
+        (
+            s.host.contains(&handle) || s.imported.contains_key(&handle),
+            s.unreferenced.contains(&handle),
+        )
+    });
+    ours || (!released && state().is_ok_and(|st| st.allocations.contains_key(&handle)))
+}
+
+/// Whether allocation `key` is mapped anywhere.
+fn is_mapped(s: &Space, key: u64) -> bool {
+    s.mapped.values().any(|&(_, h)| h == key)
 }
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (cuda.h `CUmemAllocationHandleType`): the shareable
@@ -119,8 +133,9 @@ fn exported_open(s: &Space, key: u64) -> bool {
         .is_some_and(|fds| fds.iter().any(|&(fd, ino)| inode(fd) == Some(ino)))
 }
 
-/// A `cuMemRelease` of `handle`: `Some(result)` when this module answers it (an imported handle,
-/// or an allocation an exported descriptor keeps alive: cuda.h, "Once all shareable handles are
+/// A `cuMemRelease` of `handle`: `Some(result)` when this module answers it (an imported handle;
+/// a reference `cuMemRetainAllocationHandle` added; an allocation still mapped, which lives until
+/// unmapped; or one an exported descriptor keeps alive: cuda.h, "Once all shareable handles are
 /// closed and the allocation is released, the allocated memory referenced will be released back
 /// to the OS"), `None` when the caller frees the allocation now.
 pub fn release(handle: u64) -> Option<CUresult> {
@@ -128,13 +143,33 @@ pub fn release(handle: u64) -> Option<CUresult> {
         if s.imported.remove(&handle).is_some() {
             return Some(CUDA_SUCCESS);
         }
-        if exported_open(s, handle) {
-            s.lingering.push(handle);
+        if s.unreferenced.contains(&handle) {
+            return Some(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(n) = s.retained.get_mut(&handle) {
+            *n -= 1;
+            if *n == 0 {
+                s.retained.remove(&handle);
+            }
             return Some(CUDA_SUCCESS);
         }
-        s.exports.remove(&handle);
-        None
+        if is_mapped(s, handle) {
+            s.unreferenced.insert(handle);
+            return Some(CUDA_SUCCESS);
+        }
+        unheld(s, handle)
     })
+}
+
+/// An allocation with no reference and no mapping left: `Some` when an exported descriptor still
+/// keeps it, `None` when it is to be freed now.
+fn unheld(s: &mut Space, handle: u64) -> Option<CUresult> {
+    if exported_open(s, handle) {
+        s.lingering.push(handle);
+        return Some(CUDA_SUCCESS);
+    }
+    s.exports.remove(&handle);
+    None
 }
 
 /// The released allocations whose exported descriptors are all closed now: the caller frees them.
@@ -332,17 +367,60 @@ pub extern "C" fn cuMemMap(
 }
 
 /// `cuMemUnmap`: "Unmap the backing memory of a given address range"; the range must be one that
-/// was mapped.
+/// was mapped. "Any backing memory allocations will be freed if there are no existing mappings and
+/// there are no unreleased memory handles."
 #[no_mangle]
 pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CUresult {
-    let _s = try_cu!(state());
-    space(|s| match s.mapped.get(&ptr) {
-        Some(&(n, _)) if n == size as u64 => {
+    try_cu!(state().map(drop));
+    let unmapped = space(|s| match s.mapped.get(&ptr) {
+        Some(&(n, handle)) if n == size as u64 => {
             s.mapped.remove(&ptr);
-            CUDA_SUCCESS
+            let free = !is_mapped(s, handle)
+                && s.unreferenced.remove(&handle)
+                && unheld(s, handle).is_none();
+            Ok(free.then_some(handle))
         }
-        _ => CUDA_ERROR_INVALID_VALUE,
-    })
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    });
+    match unmapped {
+        Ok(Some(key)) => crate::free_ptr(key),
+        Ok(None) => CUDA_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+/// `cuMemRetainAllocationHandle`: "Given an address addr, returns the allocation handle of the
+/// backing memory allocation. The handle is guaranteed to be the same handle value used to map the
+/// memory. If the address requested is not mapped, the function will fail. The returned handle
+/// must be released with corresponding number of calls to cuMemRelease." The address may be any in
+/// a mapped range.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut std::ffi::c_void,
+) -> CUresult {
+    try_cu!(state().map(drop));
+    if handle.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let addr = addr as u64;
+    let found = space(|s| {
+        let (_, &(_, h)) = s
+            .mapped
+            .range(..=addr)
+            .next_back()
+            .filter(|(&at, &(n, _))| addr < at + n)?;
+        if !s.unreferenced.remove(&h) {
+            *s.retained.entry(h).or_default() += 1;
+        }
+        Some(h)
+    });
+    let Some(h) = found else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    // SAFETY: checked non-null.
+    unsafe { *handle = h };
+    CUDA_SUCCESS
 }
 
 /// `cuMemSetAccess`: "Set the access flags for each location specified in desc for the given
