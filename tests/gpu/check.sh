@@ -81,10 +81,13 @@ if has cuda.bindings.driver cuda-bindings; then
   caller_env+=(CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1)
   run_caller driver-ptds python3 "$root/tests/python/driver_checks.py" $cap
   unset 'caller_env[2]'
-  run_caller runtime python3 "$root/tests/gpu/callers.py" $cap runtime
+  run_caller runtime python3 "$root/tests/python/runtime_checks.py" $cap
 fi
 has pynvml nvidia-ml-py && run_caller nvml python3 "$root/tests/python/nvml_checks.py" $cap
-has cupy CuPy && run_caller cupy python3 "$root/tests/gpu/callers.py" $cap cupy
+if has cupy CuPy; then
+  run_caller cupy python3 "$root/tests/python/cupy_checks.py" $cap
+  run_caller cupy-kernels python3 "$root/tests/gpu/callers.py" $cap cupy-kernels
+fi
 run_caller torch python3 "$root/tests/gpu/callers.py" $cap torch
 caller_env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
 run_caller torch-expandable python3 "$root/tests/gpu/callers.py" $cap torch
