@@ -8,7 +8,9 @@
 //! memory until it unmaps it: the hook keeps a charged handle charged until its references (the
 //! create and each retain, less each release) and its mappings are all gone. Exported descriptors
 //! are the third kind of reference, kept by [`crate::shareable`] once these two say the memory is
-//! free. Safe code: the C side reports each call the driver accepted.
+//! free. Safe code: the C side reports each call the driver accepted, holding this book's lock
+//! across the driver call, so two threads' calls reach the book in the driver's order (an unmap
+//! and a new mapping at the same address, a release and a create that reuses its handle value).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -40,12 +42,15 @@ impl Handles {
     }
 
     /// `cuMemMap` mapped `handle` at `[ptr, ptr + size)`; handles the hook did not charge (host
-    /// memory, imports) are not followed.
-    pub fn mapped(&mut self, ptr: u64, size: u64, handle: u64) {
-        if let Some(holds) = self.live.get_mut(&handle) {
-            holds.mappings += 1;
-            self.mapped.insert(ptr, (size, handle));
-        }
+    /// memory, imports) are not followed. A mapping it replaces (the driver freed that range
+    /// without an unmap) no longer holds its handle: the handle, when that freed it, is returned.
+    pub fn mapped(&mut self, ptr: u64, size: u64, handle: u64) -> Option<u64> {
+        let holds = self.live.get_mut(&handle)?;
+        holds.mappings += 1;
+        let (_, old) = self.mapped.insert(ptr, (size, handle))?;
+        let holds = self.live.get_mut(&old)?;
+        holds.mappings = holds.mappings.saturating_sub(1);
+        self.free_if_unheld(old).then_some(old)
     }
 
     /// `cuMemRetainAllocationHandle` handed out `handle` again: one more reference.
@@ -115,7 +120,7 @@ mod tests {
     fn a_mapped_handle_released_at_once_is_free_when_unmapped() {
         let mut h = Handles::default();
         h.created(1);
-        h.mapped(0x1000, 0x200, 1);
+        assert_eq!(h.mapped(0x1000, 0x200, 1), None);
         assert!(!h.released(1), "still mapped: the memory lives");
         assert_eq!(h.unmapped(0x1000, 0x200), vec![1]);
         assert!(h.unmapped(0x1000, 0x200).is_empty(), "unmapped once");
@@ -125,8 +130,8 @@ mod tests {
     fn every_mapping_and_retained_reference_holds_the_memory() {
         let mut h = Handles::default();
         h.created(1);
-        h.mapped(0x1000, 0x100, 1);
-        h.mapped(0x9000, 0x100, 1);
+        assert_eq!(h.mapped(0x1000, 0x100, 1), None);
+        assert_eq!(h.mapped(0x9000, 0x100, 1), None);
         h.retained(1);
         assert!(!h.released(1));
         assert!(h.unmapped(0x1000, 0x100).is_empty(), "mapped at 0x9000 too");
@@ -139,7 +144,7 @@ mod tests {
         let mut h = Handles::default();
         for (handle, at) in [(1, 0x1000), (2, 0x1100)] {
             h.created(handle);
-            h.mapped(at, 0x100, handle);
+            assert_eq!(h.mapped(at, 0x100, handle), None);
             assert!(!h.released(handle));
         }
         let mut free = h.unmapped(0x1000, 0x200);
@@ -148,9 +153,21 @@ mod tests {
     }
 
     #[test]
+    fn a_mapping_replaced_at_the_same_address_no_longer_holds_its_handle() {
+        let mut h = Handles::default();
+        h.created(1);
+        h.created(2);
+        assert_eq!(h.mapped(0x1000, 0x100, 1), None);
+        assert!(!h.released(1));
+        assert_eq!(h.mapped(0x1000, 0x100, 2), Some(1));
+        assert!(!h.released(2), "2 is mapped");
+        assert_eq!(h.unmapped(0x1000, 0x100), vec![2]);
+    }
+
+    #[test]
     fn handles_the_hook_did_not_charge_are_not_followed() {
         let mut h = Handles::default();
-        h.mapped(0x1000, 0x100, 7);
+        assert_eq!(h.mapped(0x1000, 0x100, 7), None);
         h.retained(7);
         assert!(h.unmapped(0x1000, 0x100).is_empty());
         assert!(h.released(7));

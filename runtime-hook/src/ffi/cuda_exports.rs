@@ -195,14 +195,20 @@ pub unsafe extern "C" fn cuMemCreate(
             return unsafe { f(handle, size, prop, flags) };
         }
         let dev = h.device_of(location.location_id);
+        // Held across the driver call: see crate::handles.
+        let mut handles = h.handles.lock();
+        // The handle is read once, as the driver wrote it: the caller's memory may change after.
+        let mut made = 0;
         // SAFETY: forwarding the caller's arguments; `handle` is non-null and the driver wrote
         // it when it returned success.
         let r = h.allocate(dev, size as u64, Kind::Handle, || unsafe {
-            cu(f(handle, size, prop, flags)).map(|()| *handle)
+            cu(f(handle, size, prop, flags)).map(|()| {
+                made = *handle;
+                made
+            })
         });
         if r == CUDA_SUCCESS {
-            // SAFETY: checked non-null; the driver wrote it.
-            h.handles.lock().created(unsafe { *handle });
+            handles.created(made);
         }
         r
     })
@@ -293,9 +299,12 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     boundary(|| {
         let h = try_cu!(hook());
         let f = real_or!(h, cuMemRelease);
+        let mut handles = h.handles.lock();
         // SAFETY: forwarding the caller's argument.
         let r = unsafe { f(handle) };
-        if r == CUDA_SUCCESS && h.handles.lock().released(handle) {
+        let free = r == CUDA_SUCCESS && handles.released(handle);
+        drop(handles);
+        if free {
             h.release_handle(handle);
         }
         r
@@ -314,10 +323,17 @@ pub extern "C" fn cuMemMap(
     boundary(|| {
         let h = try_cu!(hook());
         let f = real_or!(h, cuMemMap);
+        let mut handles = h.handles.lock();
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(ptr, size, offset, handle, flags) };
-        if r == CUDA_SUCCESS {
-            h.handles.lock().mapped(ptr, size as u64, handle);
+        let replaced = if r == CUDA_SUCCESS {
+            handles.mapped(ptr, size as u64, handle)
+        } else {
+            None
+        };
+        drop(handles);
+        if let Some(freed) = replaced {
+            h.release_handle(freed);
         }
         r
     })
@@ -330,13 +346,17 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     boundary(|| {
         let h = try_cu!(hook());
         let f = real_or!(h, cuMemUnmap);
+        let mut handles = h.handles.lock();
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(ptr, size) };
-        if r == CUDA_SUCCESS {
-            let free = h.handles.lock().unmapped(ptr, size as u64);
-            for handle in free {
-                h.release_handle(handle);
-            }
+        let free = if r == CUDA_SUCCESS {
+            handles.unmapped(ptr, size as u64)
+        } else {
+            Vec::new()
+        };
+        drop(handles);
+        for handle in free {
+            h.release_handle(handle);
         }
         r
     })
@@ -352,11 +372,12 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     boundary(|| {
         let h = try_cu!(hook());
         let f = real_or!(h, cuMemRetainAllocationHandle);
+        let mut handles = h.handles.lock();
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { f(handle, addr) };
         if r == CUDA_SUCCESS && !handle.is_null() {
             // SAFETY: checked non-null; the driver wrote it.
-            h.handles.lock().retained(unsafe { *handle });
+            handles.retained(unsafe { *handle });
         }
         r
     })

@@ -76,9 +76,10 @@ const fn size_of_table(slots: usize) -> Slot {
     (slots * std::mem::size_of::<usize>()) as Slot
 }
 
-/// ZLUDA's layout: 10 slots; cudart 12.9 and 13.5 call slot 2 alone over the fake.
-static CUDART: Table<10> = Table([
-    size_of_table(10),
+/// 13 slots (ZLUDA's current layout); cudart 12.9 and 13.5 call slot 2 alone over the fake.
+/// cudart 13.2 (PyTorch 2.15's) also calls slot 12 whatever the size says, so the table reaches it.
+static CUDART: Table<13> = Table([
+    size_of_table(13),
     trap::<0, 1> as Slot,
     get_primary_context as Slot,
     trap::<0, 3> as Slot,
@@ -88,6 +89,9 @@ static CUDART: Table<10> = Table([
     trap::<0, 7> as Slot,
     trap::<0, 8> as Slot,
     trap::<0, 9> as Slot,
+    trap::<0, 10> as Slot,
+    trap::<0, 11> as Slot,
+    trap::<0, 12> as Slot,
 ]);
 
 static TOOLS_TLS_TABLE: Table<4> = Table(slots!(1; size_of_table(4); 1 2 3));
@@ -115,7 +119,8 @@ static CHECKS: Table<4> = Table([
 
 static INTEGRITY: Table<3> = Table(slots!(5; size_of_table(3), integrity_check as Slot; 2));
 
-/// as a public test of another reimplementation records).
+/// Asked for by cudart 13.5 and none of its slots called over the fake: 94 slots behind the size,
+/// as a public test of another reimplementation records for driver 595.
 static TOOLS_CONTEXT_TABLE: Table<95> = Table(
     slots!(6; size_of_table(95); 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94),
 );

@@ -183,10 +183,12 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: *mut c_void) -> CUresu
         try_cu!(device_index(&s, dev))
     };
     let h = pool as usize;
+    // Every device's default pool exists from here on, so a pool is known or not a pool.
+    let _ = default_pool(d);
     pools(|p| match p.pools.get(&h) {
-        None if h != DEFAULT_BASE + d * 0x10 => CUDA_ERROR_INVALID_HANDLE,
+        None => CUDA_ERROR_INVALID_HANDLE,
         Some(entry) if entry.device != d => CUDA_ERROR_INVALID_VALUE,
-        _ => {
+        Some(_) => {
             p.current.insert(d, h);
             CUDA_SUCCESS
         }

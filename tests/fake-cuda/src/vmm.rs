@@ -100,7 +100,7 @@ fn handle_live(handle: u64) -> bool {
     let (ours, released) = space(|s| {
         (
             s.host.contains(&handle) || s.imported.contains_key(&handle),
-            s.unreferenced.contains(&handle),
+            s.unreferenced.contains(&handle) || s.lingering.contains(&handle),
         )
     });
     ours || (!released && state().is_ok_and(|st| st.allocations.contains_key(&handle)))
@@ -143,7 +143,7 @@ pub fn release(handle: u64) -> Option<CUresult> {
         if s.imported.remove(&handle).is_some() {
             return Some(CUDA_SUCCESS);
         }
-        if s.unreferenced.contains(&handle) {
+        if s.unreferenced.contains(&handle) || s.lingering.contains(&handle) {
             return Some(CUDA_ERROR_INVALID_VALUE);
         }
         if let Some(n) = s.retained.get_mut(&handle) {
