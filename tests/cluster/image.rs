@@ -143,7 +143,12 @@ pub fn build_and_import_python(work: &Path) -> Option<()> {
     let bin = root.join(exe.trim_start_matches('/'));
     std::fs::create_dir_all(bin.parent().expect("bin dir")).expect("mkdir bin");
     std::fs::copy(exe, &bin).expect("copy the interpreter");
-    for check in ["driver_checks.py", "runtime_checks.py", "nvml_checks.py"] {
+    for check in [
+        "checks.py",
+        "driver_checks.py",
+        "runtime_checks.py",
+        "nvml_checks.py",
+    ] {
         std::fs::copy(
             vgpu_tests::repo_root().join("tests/python").join(check),
             root.join(CHECKS_DIR.trim_start_matches('/')).join(check),

@@ -5,16 +5,10 @@ check, raises on the first failure.
 
 usage: cupy_checks.py CAP_MIB
 """
-import sys
 
 import cupy
 
-MIB = 1 << 20
-CAP = int(sys.argv[1]) * MIB
-
-
-def ok(name):
-    print("ok", name, flush=True)
+from checks import CAP, MIB, ok
 
 
 def used():

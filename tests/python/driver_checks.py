@@ -7,26 +7,12 @@ usage: driver_checks.py CAP_MIB
 """
 import ctypes
 import os
-import sys
 
 from cuda.bindings import driver as cu
 
-MIB = 1 << 20
-CAP = int(sys.argv[1]) * MIB
+from checks import CAP, MIB, call, ok
+
 R = cu.CUresult
-
-
-def call(result, want=R.CUDA_SUCCESS):
-    """The values of a cuda-bindings call, after checking its CUresult is `want`."""
-    err, *values = result
-    assert err == want, f"{err!r}, expected {want!r}"
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def ok(name):
-    print("ok", name, flush=True)
 
 
 def free_bytes():

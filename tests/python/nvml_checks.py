@@ -7,17 +7,11 @@ driver, with a memory limit of CAP_MIB; prints
 usage: nvml_checks.py CAP_MIB
 """
 import os
-import sys
 
 import pynvml as nvml
 from cuda.bindings import driver as cu
 
-MIB = 1 << 20
-CAP = int(sys.argv[1]) * MIB
-
-
-def ok(name):
-    print("ok", name, flush=True)
+from checks import CAP, MIB, ok
 
 
 nvml.nvmlInit()  # nvmlInitWithFlags(0)

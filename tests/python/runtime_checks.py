@@ -8,26 +8,12 @@ first failure.
 usage: runtime_checks.py CAP_MIB
 """
 import os
-import sys
 
 from cuda.bindings import runtime as rt
 
-MIB = 1 << 20
-CAP = int(sys.argv[1]) * MIB
+from checks import CAP, MIB, call, ok
+
 E = rt.cudaError_t
-
-
-def call(result, want=E.cudaSuccess):
-    """The values of a runtime call, after checking its cudaError_t is `want`."""
-    err, *values = result
-    assert err == want, f"{err!r}, expected {want!r}"
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def ok(name):
-    print("ok", name, flush=True)
 
 
 def free_bytes():

@@ -139,6 +139,12 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     pool: *mut *mut c_void,
     dev: CUdevice,
 ) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { write_pool(pool, dev, default_pool) }
+}
+
+/// Writes the pool `which` names for device `dev` to `pool`.
+unsafe fn write_pool(pool: *mut *mut c_void, dev: CUdevice, which: fn(usize) -> usize) -> CUresult {
     let d = {
         let s = try_cu!(state());
         try_cu!(device_index(&s, dev))
@@ -147,7 +153,7 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: checked non-null.
-    unsafe { *pool = default_pool(d) as *mut c_void };
+    unsafe { *pool = which(d) as *mut c_void };
     CUDA_SUCCESS
 }
 
@@ -161,16 +167,8 @@ pub fn current_pool(d: usize) -> usize {
 /// cuDeviceSetMemPool has never been called."
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: CUdevice) -> CUresult {
-    let d = {
-        let s = try_cu!(state());
-        try_cu!(device_index(&s, dev))
-    };
-    if pool.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    // SAFETY: checked non-null.
-    unsafe { *pool = current_pool(d) as *mut c_void };
-    CUDA_SUCCESS
+    // SAFETY: same contract.
+    unsafe { write_pool(pool, dev, current_pool) }
 }
 
 /// `cuDeviceSetMemPool`: "Sets the current memory pool of a device. The memory pool must be local
