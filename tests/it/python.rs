@@ -1,11 +1,11 @@
 //! Real CUDA user space from PyPI through `libvgpu.so`: NVIDIA's `cuda-bindings` (12.9 and 13.x,
-//! the driver and runtime modules) and `nvidia-ml-py`, over the fake `libcuda.so.1` and
-//! `libnvidia-ml.so.1`. The Python side is `tests/python/*.py`; each check prints `ok NAME`.
+//! the driver and runtime modules), `nvidia-ml-py`, CuPy and PyTorch, over the fake `libcuda.so.1`
+//! and `libnvidia-ml.so.1`. The Python side is `tests/python/*.py`; each check prints `ok NAME`.
 //!
 //! The interpreters are virtual environments `.ci/install-tools` makes (`.ci/tools/cuda12`,
-//! `.ci/tools/cuda13`), or `$VGPU_PYTHON_CUDA12` / `$VGPU_PYTHON_CUDA13`. Without them the tests say
-//! SKIPPED and pass, unless `VGPU_REQUIRE_PYTHON` is set (CI): then a missing interpreter, like a
-//! missing entry point in the fakes, is a failure.
+//! `.ci/tools/cuda13`, `.ci/tools/torch`), or `$VGPU_PYTHON_CUDA12`, `$VGPU_PYTHON_CUDA13`,
+//! `$VGPU_PYTHON_TORCH`. Without them the tests say SKIPPED and pass, unless `VGPU_REQUIRE_PYTHON`
+//! is set (CI): then a missing interpreter, like a missing entry point in the fakes, is a failure.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,18 +13,17 @@ use std::process::Command;
 /// The slice every check runs under, MiB.
 const CAP_MIB: u64 = 1024;
 
-/// A CUDA major version's interpreter and the driver version the fake then claims.
+/// An environment's interpreter and the driver version the fake then claims.
 struct Python {
     exe: PathBuf,
     driver_version: &'static str,
 }
 
-fn python(major: u32) -> Option<Python> {
-    let exe = std::env::var_os(format!("VGPU_PYTHON_CUDA{major}"))
+/// The interpreter of environment `env` (`cuda12`, `cuda13`, `torch`: PyTorch's wheels are CUDA 13).
+fn python(env: &str) -> Option<Python> {
+    let exe = std::env::var_os(format!("VGPU_PYTHON_{}", env.to_uppercase()))
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            vgpu_tests::repo_root().join(format!(".ci/tools/cuda{major}/bin/python"))
-        });
+        .unwrap_or_else(|| vgpu_tests::repo_root().join(format!(".ci/tools/{env}/bin/python")));
     if !exe.exists() {
         assert!(
             std::env::var_os("VGPU_REQUIRE_PYTHON").is_none(),
@@ -32,12 +31,12 @@ fn python(major: u32) -> Option<Python> {
             exe.display()
         );
         eprintln!(
-            "SKIPPED: no Python with cuda-bindings {major} ({}); run .ci/install-tools",
+            "SKIPPED: no Python environment {env} ({}); run .ci/install-tools",
             exe.display()
         );
         return None;
     }
-    let driver_version = if major >= 13 { "13000" } else { "12090" };
+    let driver_version = if env == "cuda12" { "12090" } else { "13000" };
     Some(Python {
         exe,
         driver_version,
@@ -110,7 +109,7 @@ fn assert_checks(stdout: &str, want: &[&str], what: &str) {
 }
 
 fn driver_api_is_capped_on_every_path(major: u32) {
-    let Some(py) = python(major) else {
+    let Some(py) = python(&format!("cuda{major}")) else {
         return;
     };
     let fakes = Fakes::new();
@@ -144,7 +143,7 @@ fn cuda_bindings_13_driver_api_is_capped_on_every_path() {
 
 #[test]
 fn nvidia_ml_py_reports_the_slice() {
-    let Some(py) = python(12) else {
+    let Some(py) = python("cuda12") else {
         return;
     };
     // Another tenant's process on the GPU: NVML lists it, the container must not see it.
@@ -164,7 +163,7 @@ fn nvidia_ml_py_reports_the_slice() {
 #[test]
 fn the_cuda_runtime_is_capped_on_every_path() {
     for (major, tables) in [(12, &CUDART_12_TABLES[..]), (13, &CUDART_13_TABLES[..])] {
-        let Some(py) = python(major) else {
+        let Some(py) = python(&format!("cuda{major}")) else {
             continue;
         };
         let (stdout, stderr) =
@@ -215,7 +214,7 @@ const CUDART_13_TABLES: [&str; 8] = [
 /// memory back.
 #[test]
 fn cupy_is_capped() {
-    let Some(py) = python(12) else {
+    let Some(py) = python("cuda12") else {
         return;
     };
     let (stdout, stderr) = Fakes::new().run(&py, "cupy_checks.py", &[]);
@@ -224,4 +223,31 @@ fn cupy_is_capped() {
         !stderr.contains("vgpu:"),
         "CuPy: the hook complained:\n{stderr}"
     );
+}
+
+/// PyTorch (torch 2.15, CUDA 13 wheels, its own cudart 13.2): `torch.cuda.mem_get_info` shows the
+/// slice and the caching allocator raises `OutOfMemoryError` past it, with cudaMalloc segments and
+/// with expandable segments (cuMemCreate and cuMemMap into one reservation); its kernels load
+/// through the library API and launch. What it asks of the driver at start (the export tables,
+/// then every entry point its driver-API table names, NVML's out-of-memory report) comes with it.
+#[test]
+fn pytorch_is_capped() {
+    let Some(py) = python("torch") else {
+        return;
+    };
+    let fakes = Fakes::new();
+    for (vars, want) in [
+        (&[][..], vgpu_tests::PYTHON_TORCH_CHECKS),
+        (
+            &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")][..],
+            vgpu_tests::PYTHON_TORCH_EXPANDABLE_CHECKS,
+        ),
+    ] {
+        let (stdout, stderr) = fakes.run(&py, "torch_checks.py", vars);
+        assert_checks(&stdout, want, &format!("PyTorch {vars:?}"));
+        assert!(
+            !stderr.contains("vgpu:"),
+            "PyTorch: the hook complained:\n{stderr}"
+        );
+    }
 }

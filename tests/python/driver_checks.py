@@ -185,6 +185,22 @@ assert free_bytes() == CAP, "unmapped with no reference left: free"
 call(cu.cuMemAddressFree(va, size))
 ok("vmm-mapped")
 
+# One access call over a segment of adjacent mappings, as PyTorch's expandable segments make
+# (cuda.h, cuMemSetAccess: "The range must be a fully mapped address range containing all
+# allocations created by cuMemMap / cuMemCreate").
+va = call(cu.cuMemAddressReserve(2 * gran, 0, 0, 0))
+pieces = [call(cu.cuMemCreate(gran, prop, 0)) for _ in range(2)]
+for k, piece in enumerate(pieces):
+    call(cu.cuMemMap(int(va) + k * gran, gran, 0, piece, 0))
+call(cu.cuMemSetAccess(va, 2 * gran, [access], 1))
+assert free_bytes() == CAP - 2 * gran
+for k, piece in enumerate(pieces):
+    call(cu.cuMemUnmap(int(va) + k * gran, gran))
+    call(cu.cuMemRelease(piece))
+call(cu.cuMemAddressFree(va, 2 * gran))
+assert free_bytes() == CAP
+ok("vmm-segments")
+
 # An allocation exported as a file descriptor (NCCL's cuMem IPC between ranks): cuda.h keeps its
 # memory until every descriptor is closed and the allocation is released, so it stays charged
 # after cuMemRelease while the descriptor is open; an import (here, into the same process) is the
@@ -222,3 +238,35 @@ m = call(cu.cuMemAllocManaged(CAP - 10 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH
 call(cu.cuMemAllocManaged(20 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value), R.CUDA_ERROR_OUT_OF_MEMORY)
 call(cu.cuMemFree(m))
 ok("managed")
+
+# Device code: a module from PTX text, and a library (what the CUDA runtime loads the fat binaries
+# linked into a program with), a kernel found by name in each and launched; memory operations
+# on an allocation, which they must stay inside.
+PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry vgpu_noop()
+{
+    ret;
+}
+\0"""
+module = call(cu.cuModuleLoadData(PTX))
+function = call(cu.cuModuleGetFunction(module, b"vgpu_noop"))
+call(cu.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0))
+library = call(cu.cuLibraryLoadData(PTX, None, None, 0, None, None, 0))
+kernel = call(cu.cuLibraryGetKernel(library, b"vgpu_noop"))
+function = call(cu.cuKernelGetFunction(kernel))
+call(cu.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0))
+call(cu.cuCtxSynchronize())
+call(cu.cuLibraryUnload(library))
+call(cu.cuModuleUnload(module))
+buf = call(cu.cuMemAlloc(4 * MIB))
+base, length = call(cu.cuMemGetAddressRange(int(buf) + 100))
+assert (int(base), length) == (int(buf), 4 * MIB), (base, length)
+call(cu.cuMemsetD32(buf, 7, MIB))
+call(cu.cuMemsetD8Async(buf, 7, 4 * MIB, 0))
+call(cu.cuCtxSynchronize())
+call(cu.cuMemFree(buf))
+assert free_bytes() == CAP
+ok("modules")

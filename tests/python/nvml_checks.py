@@ -6,6 +6,7 @@ driver, with a memory limit of CAP_MIB; prints
 
 usage: nvml_checks.py CAP_MIB
 """
+import ctypes
 import os
 
 import pynvml as nvml
@@ -41,6 +42,22 @@ ok("nvml-memory")
 procs = [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]  # _v3
 assert procs == [os.getpid()], f"processes listed {procs}, this process is {os.getpid()}"
 ok("nvml-processes")
+
+# The first ABI (nvmlProcessInfo_v1_t: pid and memory), still exported by the driver's library and
+# looked up by its unversioned name, by PyTorch among others: the same list.
+class ProcessInfoV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+count = ctypes.c_uint(8)
+infos = (ProcessInfoV1 * 8)()
+ret = nvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")(
+    handle, ctypes.byref(count), infos
+)
+assert ret == 0, ret
+procs = [infos[i].pid for i in range(count.value)]
+assert procs == [os.getpid()], f"processes listed {procs}, this process is {os.getpid()}"
+ok("nvml-processes-v1")
 
 cu.cuMemFree(p)
 nvml.nvmlShutdown()

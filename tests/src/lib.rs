@@ -174,9 +174,11 @@ pub const PYTHON_DRIVER_CHECKS: &[&str] = &[
     "pool-reserve",
     "vmm-device",
     "vmm-mapped",
+    "vmm-segments",
     "vmm-export",
     "vmm-host",
     "managed",
+    "modules",
 ];
 
 /// The checks `tests/python/runtime_checks.py` prints, in order (the suite and the tier).
@@ -191,4 +193,18 @@ pub const PYTHON_RUNTIME_CHECKS: &[&str] = &[
 pub const PYTHON_CUPY_CHECKS: &[&str] = &["cupy-init", "cupy-pool", "cupy-async-pool"];
 
 /// The checks `tests/python/nvml_checks.py` prints, in order.
-pub const PYTHON_NVML_CHECKS: &[&str] = &["nvml-init", "nvml-memory", "nvml-processes"];
+pub const PYTHON_NVML_CHECKS: &[&str] = &[
+    "nvml-init",
+    "nvml-memory",
+    "nvml-processes",
+    "nvml-processes-v1",
+];
+
+/// The checks `tests/python/torch_checks.py` prints, in order, with cudaMalloc segments and with
+/// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+pub const PYTHON_TORCH_CHECKS: &[&str] = &["torch-init", "torch-allocator", "torch-kernels"];
+pub const PYTHON_TORCH_EXPANDABLE_CHECKS: &[&str] = &[
+    "torch-expandable-init",
+    "torch-expandable-allocator",
+    "torch-expandable-kernels",
+];

@@ -62,6 +62,7 @@ wrappers![
     nvmlDeviceGetMemoryInfo_v2,
     nvmlDeviceGetComputeRunningProcesses_v3,
     nvmlDeviceGetComputeRunningProcesses_v2,
+    nvmlDeviceGetComputeRunningProcesses,
 ];
 
 /// The name `cuGetProcAddress` resolves `base` to for `version`: the `_v2` ABI of the memory and

@@ -14,6 +14,7 @@ real_table! {
     nvmlDeviceGetProcessUtilization: fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64);
     nvmlDeviceGetComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut ProcessInfo);
     nvmlDeviceGetComputeRunningProcesses_v2: fn(*mut c_void, *mut c_uint, *mut ProcessInfo);
+    nvmlDeviceGetComputeRunningProcesses: fn(*mut c_void, *mut c_uint, *mut ProcessInfoV1);
     nvmlDeviceGetMemoryInfo: fn(*mut c_void, *mut NvmlMemory);
     nvmlDeviceGetMemoryInfo_v2: fn(*mut c_void, *mut NvmlMemoryV2);
 }
@@ -38,6 +39,33 @@ pub struct ProcessInfo {
     pub(super) used_gpu_memory: u64,
     pub(super) gpu_instance_id: c_uint,
     pub(super) compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t` (nvml.h): the entry of the unversioned, first
+/// `nvmlDeviceGetComputeRunningProcesses`, which the driver's library still exports and PyTorch
+/// looks up by that name.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessInfoV1 {
+    pub(super) pid: c_uint,
+    pub(super) used_gpu_memory: u64,
+}
+
+/// An entry of a compute-process list, in either layout.
+pub(super) trait Process: Copy + Default {
+    fn pid(&self) -> u32;
+}
+
+impl Process for ProcessInfo {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+impl Process for ProcessInfoV1 {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
 }
 
 /// `nvmlMemory_t` (nvml.h).
@@ -97,15 +125,15 @@ pub(super) fn nvml_device(d: usize) -> Option<(&'static NvmlReal, *mut c_void)> 
     (unsafe { get(d as c_uint, &mut handle) } == CUDA_SUCCESS).then_some((nv, handle))
 }
 
-/// An `nvmlDeviceGetComputeRunningProcesses_v3`/`_v2` entry point.
-pub(super) type ProcessesFn =
-    unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> c_int;
+/// An `nvmlDeviceGetComputeRunningProcesses` entry point (`_v3`, `_v2` or the first, by `T`).
+pub(super) type ProcessesFn<T = ProcessInfo> =
+    unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut T) -> c_int;
 
 /// Every process NVML lists through `f` for a device, or NVML's error.
-pub(super) fn all_processes(
-    f: ProcessesFn,
+pub(super) fn all_processes<T: Process>(
+    f: ProcessesFn<T>,
     handle: *mut c_void,
-) -> Result<Vec<ProcessInfo>, c_int> {
+) -> Result<Vec<T>, c_int> {
     // Processes may start between the two calls: ask for room to spare, and again once if short.
     let mut cap: c_uint = 0;
     // SAFETY: a zero count with a null buffer asks for the count, as NVML documents.
@@ -119,7 +147,7 @@ pub(super) fn all_processes(
             return Err(last);
         }
         let mut n = cap.saturating_add(16);
-        let mut buf = vec![ProcessInfo::default(); n as usize];
+        let mut buf = vec![T::default(); n as usize];
         // SAFETY: a buffer of `n` entries and its size.
         last = unsafe { f(handle, &mut n, buf.as_mut_ptr()) };
         match last {

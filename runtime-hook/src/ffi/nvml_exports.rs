@@ -31,11 +31,11 @@ pub(super) fn nvml_view(nv: &NvmlReal, device: *mut c_void) -> Option<(u64, u64)
 /// show its own processes. Elsewhere NVML's answer passes through. The count follows NVML's
 /// contract: `*count` in, the buffer's size; out, the number of processes;
 /// `NVML_ERROR_INSUFFICIENT_SIZE` with the count when the buffer is too small.
-pub(super) unsafe fn container_processes(
-    f: Option<ProcessesFn>,
+pub(super) unsafe fn container_processes<T: Process>(
+    f: Option<ProcessesFn<T>>,
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfo,
+    infos: *mut T,
 ) -> c_int {
     let Some(nv) = nvml() else {
         return NVML_ERROR_UNINITIALIZED;
@@ -48,8 +48,11 @@ pub(super) unsafe fn container_processes(
         // SAFETY: forwarding the caller's arguments.
         _ => return unsafe { f(device, count, infos) },
     };
-    let kept: Vec<ProcessInfo> = match all_processes(f, device) {
-        Ok(all) => all.into_iter().filter(|p| mine.contains(&p.pid)).collect(),
+    let kept: Vec<T> = match all_processes(f, device) {
+        Ok(all) => all
+            .into_iter()
+            .filter(|p| mine.contains(&p.pid()))
+            .collect(),
         Err(e) => return e,
     };
     // SAFETY: `count` checked non-null; `infos` holds `*count` entries when non-null (NVML's
@@ -91,6 +94,20 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
 ) -> c_int {
     boundary(|| {
         let f = nvml().and_then(|nv| nv.nvmlDeviceGetComputeRunningProcesses_v2);
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { container_processes(f, device, count, infos) }
+    })
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (the first ABI, `nvmlProcessInfo_v1_t`), as `_v3`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV1,
+) -> c_int {
+    boundary(|| {
+        let f = nvml().and_then(|nv| nv.nvmlDeviceGetComputeRunningProcesses);
         // SAFETY: forwarding the caller's arguments.
         unsafe { container_processes(f, device, count, infos) }
     })

@@ -76,8 +76,8 @@ const fn size_of_table(slots: usize) -> Slot {
     (slots * std::mem::size_of::<usize>()) as Slot
 }
 
-/// 13 slots (ZLUDA's current layout); cudart 12.9 and 13.5 call slot 2 alone over the fake.
-/// cudart 13.2 (PyTorch 2.15's) also calls slot 12 whatever the size says, so the table reaches it.
+/// 13 slots (ZLUDA's current layout); cudart 12.9 and 13.5 call slot 2 alone over the fake,
+/// cudart 13.2 (PyTorch 2.15's) slot 12 too.
 static CUDART: Table<13> = Table([
     size_of_table(13),
     trap::<0, 1> as Slot,
@@ -91,7 +91,7 @@ static CUDART: Table<13> = Table([
     trap::<0, 9> as Slot,
     trap::<0, 10> as Slot,
     trap::<0, 11> as Slot,
-    trap::<0, 12> as Slot,
+    load_compilers as Slot,
 ]);
 
 static TOOLS_TLS_TABLE: Table<4> = Table(slots!(1; size_of_table(4); 1 2 3));
@@ -176,6 +176,13 @@ pub unsafe extern "C" fn cuGetExportTable(
 unsafe extern "C" fn get_primary_context(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     // SAFETY: same contract as cuDevicePrimaryCtxRetain.
     unsafe { crate::cuDevicePrimaryCtxRetain(ctx, dev) }
+}
+
+/// CUDART_INTERFACE slot 12: in NVIDIA's driver it loads the PTX compiler and libNVVM (ZLUDA's
+/// name and reading); a driver that compiles nothing has nothing to load, and ZLUDA answers
+/// success the same way. cudart 13.2 calls it before its first module load.
+unsafe extern "C" fn load_compilers() -> CUresult {
+    CUDA_SUCCESS
 }
 
 /// Memory the runtime's tools callbacks keep their state in (TOOLS_RUNTIME_CALLBACK_HOOKS slots 2

@@ -41,8 +41,11 @@ use std::sync::OnceLock;
 
 mod device;
 mod export_tables;
+mod memory_ops;
+mod modules;
 mod pools;
 mod streams;
+mod unsupported;
 mod vmm;
 
 pub(crate) type CUresult = c_int;
@@ -360,6 +363,18 @@ fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     Ok(ptr)
 }
 
+/// The allocation (`cuMemAlloc`, pitched, managed, stream-ordered or mapped) containing `ptr`:
+/// its start and size.
+pub(crate) fn allocation_at(ptr: u64) -> Option<(u64, u64)> {
+    let plain = {
+        let s = state().ok()?;
+        pools::containing(s.allocations.iter().map(|(&at, &(_, n))| (at, n)), ptr)
+    };
+    plain
+        .or_else(|| pools::allocation_at(ptr))
+        .or_else(|| vmm::mapping_at(ptr))
+}
+
 /// Takes `bytes` of device `d`'s memory without a pointer of its own (a memory pool's reserve
 /// grows); CUDA_ERROR_OUT_OF_MEMORY when the device has not that much free.
 pub(crate) fn take_device_memory(d: usize, bytes: u64) -> Result<(), CUresult> {
@@ -624,9 +639,13 @@ pub unsafe extern "C" fn cuMemCreate(
     // SAFETY: checked non-null; the caller passes a CUmemAllocationProp.
     let prop = unsafe { &*prop };
     try_cu!(state().map(drop));
+    let created = |key: u64| {
+        vmm::created(key, prop);
+        key
+    };
     if try_cu!(vmm::is_host(prop)) {
         // SAFETY: checked non-null.
-        return unsafe { write_ptr(handle, vmm::create_host(size as u64)) };
+        return unsafe { write_ptr(handle, vmm::create_host(size as u64).map(created)) };
     }
     // "The size of the allocation must be a multiple of the granularity" (cuMemGetAllocationGranularity).
     if !(size as u64).is_multiple_of(vmm::GRANULARITY) {
@@ -637,7 +656,7 @@ pub unsafe extern "C" fn cuMemCreate(
         try_cu!(device_index(&s, prop.location_id))
     };
     // SAFETY: checked non-null.
-    unsafe { write_ptr(handle, alloc_on(d, size as u64)) }
+    unsafe { write_ptr(handle, alloc_on(d, size as u64).map(created)) }
 }
 
 /// `cuMemRelease`: "Release a memory handle representing a memory allocation which was previously

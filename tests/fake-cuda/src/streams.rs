@@ -17,7 +17,8 @@ const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// What a handle names.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Handle {
-    Stream,
+    /// A stream, with the flags and priority it was created with.
+    Stream { flags: c_uint, priority: c_int },
     /// An event, with the time of its last record.
     Event(Option<Instant>),
 }
@@ -44,7 +45,7 @@ fn destroy(handle: *mut c_void, stream: bool) -> CUresult {
         return CUDA_ERROR_INVALID_HANDLE;
     };
     match map.get(&(handle as usize)) {
-        Some(Handle::Stream) if stream => {}
+        Some(Handle::Stream { .. }) if stream => {}
         Some(Handle::Event(_)) if !stream => {}
         _ => return CUDA_ERROR_INVALID_HANDLE,
     }
@@ -54,10 +55,10 @@ fn destroy(handle: *mut c_void, stream: bool) -> CUresult {
 
 /// A stream argument: NULL (the legacy default stream), `CU_STREAM_LEGACY` (0x1),
 /// `CU_STREAM_PER_THREAD` (0x2), or a live stream.
-fn stream_ok(stream: *mut c_void) -> CUresult {
+pub(crate) fn stream_ok(stream: *mut c_void) -> CUresult {
     match stream as usize {
         0..=2 => CUDA_SUCCESS,
-        _ if with(stream, |h| *h == Handle::Stream) == Some(true) => CUDA_SUCCESS,
+        _ if with(stream, |h| matches!(h, Handle::Stream { .. })) == Some(true) => CUDA_SUCCESS,
         _ => CUDA_ERROR_INVALID_HANDLE,
     }
 }
@@ -74,20 +75,87 @@ unsafe fn new_handle(out: *mut *mut c_void, kind: Handle) -> CUresult {
 
 /// `cuStreamCreate`: "Creates a stream and returns a handle in phStream" in the current context.
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> CUresult {
     // SAFETY: same contract.
-    unsafe { new_handle(stream, Handle::Stream) }
+    unsafe { new_handle(stream, Handle::Stream { flags, priority: 0 }) }
 }
 
-/// `cuStreamCreateWithPriority`: as cuStreamCreate; priorities are not modelled.
+/// Stream priorities of the fake device, as `cuCtxGetStreamPriorityRange` reports them for current
+/// NVIDIA GPUs: "lower numbers represent higher priorities", 0 the default and least.
+const LEAST_PRIORITY: c_int = 0;
+const GREATEST_PRIORITY: c_int = -5;
+
+/// `cuCtxGetStreamPriorityRange`: "Returns numerical values that correspond to the least and
+/// greatest stream priorities"; "If a null pointer is passed in for *leastPriority or
+/// *greatestPriority, the value is not returned".
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    let _ = try_cu!(current());
+    // SAFETY: each written only when non-null.
+    unsafe {
+        if !least.is_null() {
+            *least = LEAST_PRIORITY;
+        }
+        if !greatest.is_null() {
+            *greatest = GREATEST_PRIORITY;
+        }
+    }
+    CUDA_SUCCESS
+}
+
+/// `cuStreamCreateWithPriority`: as cuStreamCreate with a priority; one "outside the numerical
+/// range returned by cuCtxGetStreamPriorityRange ... will automatically be clamped".
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreateWithPriority(
     stream: *mut *mut c_void,
-    _flags: c_uint,
-    _priority: c_int,
+    flags: c_uint,
+    priority: c_int,
 ) -> CUresult {
+    let priority = priority.clamp(GREATEST_PRIORITY, LEAST_PRIORITY);
     // SAFETY: same contract.
-    unsafe { new_handle(stream, Handle::Stream) }
+    unsafe { new_handle(stream, Handle::Stream { flags, priority }) }
+}
+
+/// A stream's flags and priority; the default streams have neither.
+fn stream_properties(stream: *mut c_void) -> Result<(c_uint, c_int), CUresult> {
+    state().map(drop)?;
+    match stream as usize {
+        0..=2 => Ok((0, LEAST_PRIORITY)),
+        _ => match with(stream, |h| *h) {
+            Some(Handle::Stream { flags, priority }) => Ok((flags, priority)),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        },
+    }
+}
+
+/// `cuStreamGetPriority`: "Query the priority of a given stream".
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetPriority(
+    stream: *mut c_void,
+    priority: *mut c_int,
+) -> CUresult {
+    if priority.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (_, p) = try_cu!(stream_properties(stream));
+    // SAFETY: checked non-null.
+    unsafe { *priority = p };
+    CUDA_SUCCESS
+}
+
+/// `cuStreamGetFlags`: "Query the flags of a given stream".
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetFlags(stream: *mut c_void, flags: *mut c_uint) -> CUresult {
+    if flags.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (f, _) = try_cu!(stream_properties(stream));
+    // SAFETY: checked non-null.
+    unsafe { *flags = f };
+    CUDA_SUCCESS
 }
 
 /// `cuStreamDestroy_v2`: "Destroys the stream specified by hStream".
@@ -159,7 +227,7 @@ fn record(event: *mut c_void, stream: *mut c_void) -> CUresult {
             *at = Some(now);
             true
         }
-        Handle::Stream => false,
+        Handle::Stream { .. } => false,
     }) {
         Some(true) => CUDA_SUCCESS,
         _ => CUDA_ERROR_INVALID_HANDLE,
@@ -249,4 +317,65 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 ) -> CUresult {
     // SAFETY: same contract.
     unsafe { elapsed(ms, start, end) }
+}
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE` (cuda.h `CUstreamCaptureStatus`): "Stream is not capturing".
+/// The fake records no graphs (it has no `cuStreamBeginCapture`), so no stream ever is.
+const CAPTURE_STATUS_NONE: c_int = 0;
+
+unsafe fn capture_status(stream: *mut c_void, status: *mut c_int) -> CUresult {
+    if status.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    try_cu!(stream_properties(stream));
+    // SAFETY: checked non-null.
+    unsafe { *status = CAPTURE_STATUS_NONE };
+    CUDA_SUCCESS
+}
+
+/// `cuStreamIsCapturing`: "Returns a stream's capture status".
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: *mut c_void, status: *mut c_int) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { capture_status(stream, status) }
+}
+
+/// `cuStreamIsCapturing_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(
+    stream: *mut c_void,
+    status: *mut c_int,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { capture_status(stream, status) }
+}
+
+/// `cuStreamGetCaptureInfo_v2` (CUDA 11.3): the capture status ("required"); the id, graph and
+/// dependencies are "only valid" while capturing, which no stream of the fake is.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: *mut c_void,
+    status: *mut c_int,
+    _id: *mut u64,
+    _graph: *mut *mut c_void,
+    _dependencies: *mut *const *mut c_void,
+    _count: *mut usize,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { capture_status(stream, status) }
+}
+
+/// `cuStreamGetCaptureInfo_v3` (CUDA 12.3): as `_v2`, with edge data.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: *mut c_void,
+    status: *mut c_int,
+    _id: *mut u64,
+    _graph: *mut *mut c_void,
+    _dependencies: *mut *const *mut c_void,
+    _edges: *mut *const c_void,
+    _count: *mut usize,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { capture_status(stream, status) }
 }

@@ -17,8 +17,10 @@ pub const LOCATION_DEVICE: c_uint = 1;
 const LOCATION_HOST: c_uint = 2;
 const LOCATION_HOST_NUMA_CURRENT: c_uint = 4;
 
-/// `CUmemAllocationProp` prefix: type, requested handle types, location {type, id}.
+/// `CUmemAllocationProp` prefix: type, requested handle types, location {type, id}. The whole
+/// struct is 32 bytes: then `win32HandleMetaData` and `allocFlags` (compression, RDMA, usage).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemAllocationProp {
     pub kind: c_uint,
     pub handle_types: c_uint,
@@ -56,6 +58,8 @@ struct Space {
     /// Allocations whose every reference was released while mapped: alive until unmapped.
     unreferenced: HashSet<u64>,
     next_import: u64,
+    /// The properties each `cuMemCreate` handle was made with, by allocation key.
+    props: HashMap<u64, MemAllocationProp>,
 }
 
 static SPACE: Mutex<Option<Space>> = Mutex::new(None);
@@ -89,6 +93,11 @@ pub fn create_host(size: u64) -> Result<u64, CUresult> {
         s.host.insert(s.next_host);
         s.next_host
     }))
+}
+
+/// Keeps the properties allocation `key` was created with (`cuMemCreate`).
+pub fn created(key: u64, prop: &MemAllocationProp) {
+    space(|s| s.props.insert(key, *prop));
 }
 
 /// Releases a host handle; `false` when `handle` is none.
@@ -259,6 +268,33 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
     CUDA_SUCCESS
 }
 
+/// `cuMemGetAllocationPropertiesFromHandle`: "Retrieve the contents of the property structure
+/// defining properties for this handle" (an imported handle has its allocation's).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut MemAllocationProp,
+    handle: u64,
+) -> CUresult {
+    try_cu!(state().map(drop));
+    if prop.is_null() || !handle_live(handle) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let found = space(|s| {
+        let key = s.imported.get(&handle).copied().unwrap_or(handle);
+        s.props.get(&key).copied()
+    });
+    let Some(found) = found else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    // SAFETY: checked non-null; the caller passes a whole CUmemAllocationProp (32 bytes), whose
+    // fields past the prefix the fake reports as zero (no metadata, no flags).
+    unsafe {
+        std::ptr::write_bytes(prop.cast::<u8>(), 0, 32);
+        *prop = found;
+    }
+    CUDA_SUCCESS
+}
+
 /// `cuMemGetAllocationGranularity`: "Calculates either the minimal or recommended granularity"
 /// for an allocation with `prop`.
 #[no_mangle]
@@ -366,6 +402,17 @@ pub extern "C" fn cuMemMap(
     })
 }
 
+/// The mapping containing `ptr`: its start and size.
+pub fn mapping_at(ptr: u64) -> Option<(u64, u64)> {
+    space(|s| {
+        s.mapped
+            .range(..=ptr)
+            .next_back()
+            .map(|(&at, &(n, _))| (at, n))
+            .filter(|&(at, n)| ptr < at + n)
+    })
+}
+
 /// `cuMemUnmap`: "Unmap the backing memory of a given address range"; the range must be one that
 /// was mapped. "Any backing memory allocations will be freed if there are no existing mappings and
 /// there are no unreleased memory handles."
@@ -424,7 +471,9 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
 }
 
 /// `cuMemSetAccess`: "Set the access flags for each location specified in desc for the given
-/// virtual address range"; the range must be mapped.
+/// virtual address range"; "The range must be a fully mapped address range containing all
+/// allocations created by cuMemMap / cuMemCreate": it may span many mappings (PyTorch's expandable
+/// segments set access on a whole segment of 2 MiB mappings at once), with no gap between them.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemSetAccess(
     ptr: u64,
@@ -433,20 +482,25 @@ pub unsafe extern "C" fn cuMemSetAccess(
     count: usize,
 ) -> CUresult {
     let _s = try_cu!(state());
-    if desc.is_null() || count == 0 {
+    if desc.is_null() || count == 0 || size == 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let size = size as u64;
+    let end = ptr.saturating_add(size as u64);
     space(|s| {
-        let covered = s
-            .mapped
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&at, &(n, _))| ptr + size <= at + n);
-        if covered {
-            CUDA_SUCCESS
-        } else {
-            CUDA_ERROR_INVALID_VALUE
+        // The mapping holding `ptr`, then each one starting where the previous ended.
+        let Some((&first, &(n, _))) = s.mapped.range(..=ptr).next_back() else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let mut covered = first + n;
+        if covered <= ptr {
+            return CUDA_ERROR_INVALID_VALUE;
         }
+        while covered < end {
+            match s.mapped.get(&covered) {
+                Some(&(n, _)) => covered += n,
+                None => return CUDA_ERROR_INVALID_VALUE,
+            }
+        }
+        CUDA_SUCCESS
     })
 }

@@ -75,6 +75,15 @@ pub fn device_totals() -> Option<Vec<u64>> {
         .collect()
 }
 
+/// The CUDA version the fake driver reports (`FAKE_CUDA_DRIVER_VERSION`, default 12090: the same
+/// setting and default as tests/fake-cuda).
+pub fn cuda_version() -> c_int {
+    std::env::var("FAKE_CUDA_DRIVER_VERSION")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(12090)
+}
+
 /// Shortest sample period: NVML's utilization is "percent of time over the past sample period", a
 /// period between 1/6 s and 1 s on real GPUs; the fake uses the time since the previous sample, but
 /// at least this long (a query sooner returns the previous value).

@@ -70,7 +70,7 @@ pub mod driver;
 
 use driver::{Driver, Sample};
 use serde::Deserialize;
-use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -531,6 +531,25 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uin
     }
 }
 
+/// `nvmlSystemGetCudaDriverVersion_v2`: "Retrieves the version of the CUDA driver from the shared
+/// library" (`1000 * major + 10 * minor`): the fake driver's, `FAKE_CUDA_DRIVER_VERSION` or 12090.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    if version.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let mut guard = lock();
+    let Some(s) = guard.as_mut() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if let Some(code) = fault(s, "nvmlSystemGetCudaDriverVersion_v2", None) {
+        return code;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *version = driver::cuda_version() };
+    NVML_SUCCESS
+}
+
 /// `nvmlDeviceGetCount_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
@@ -571,6 +590,40 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     NVML_SUCCESS
 }
 
+/// A handle lookup by a string key (`nvmlDeviceGetHandleByUUID`, `..ByPciBusId_v2`): the GPU
+/// `find` picks, `NVML_ERROR_NOT_FOUND` when none, `NVML_ERROR_INVALID_ARGUMENT` for a null
+/// pointer or a key `find` cannot read.
+///
+/// # Safety
+/// `key` is null or NUL-terminated; `device` is null or valid for a write.
+unsafe fn handle_by(
+    function: &str,
+    key: *const c_char,
+    device: *mut NvmlDevice,
+    find: impl FnOnce(&State, &str) -> Result<Option<usize>, NvmlReturn>,
+) -> NvmlReturn {
+    let mut guard = lock();
+    let Some(state) = guard.as_mut() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if key.is_null() || device.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, NUL-terminated string from the caller (nvml.h's contract).
+    let wanted = unsafe { std::ffi::CStr::from_ptr(key) }.to_string_lossy();
+    let i = match find(state, &wanted) {
+        Ok(Some(i)) => i,
+        Ok(None) => return NVML_ERROR_NOT_FOUND,
+        Err(code) => return code,
+    };
+    if let Some(code) = fault(state, function, Some(i)) {
+        return code;
+    }
+    // SAFETY: non-null out pointer from the caller.
+    unsafe { *device = handle_of(i) };
+    NVML_SUCCESS
+}
+
 /// `nvmlDeviceGetHandleByUUID`: `NVML_ERROR_NOT_FOUND` for a UUID no device has,
 /// `NVML_ERROR_INVALID_ARGUMENT` for a null pointer.
 #[no_mangle]
@@ -578,24 +631,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    let mut guard = lock();
-    let Some(state) = guard.as_mut() else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    if uuid.is_null() || device.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
+    // SAFETY: same contract.
+    unsafe {
+        handle_by("nvmlDeviceGetHandleByUUID", uuid, device, |s, wanted| {
+            Ok(s.gpus.iter().position(|g| g.uuid == wanted))
+        })
     }
-    // SAFETY: non-null, NUL-terminated string from the caller (nvml.h's contract).
-    let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
-    let Some(i) = state.gpus.iter().position(|g| g.uuid == wanted) else {
-        return NVML_ERROR_NOT_FOUND;
-    };
-    if let Some(code) = fault(state, "nvmlDeviceGetHandleByUUID", Some(i)) {
-        return code;
-    }
-    // SAFETY: non-null out pointer from the caller.
-    unsafe { *device = handle_of(i) };
-    NVML_SUCCESS
 }
 
 /// `nvmlDeviceGetIndex`.
@@ -745,15 +786,20 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
+/// GPU `i`'s PCI bus id: as configured, else bus `i + 1` (what the fake driver's
+/// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID` says).
+fn bus_id_of(gpu: &GpuConfig, i: usize) -> String {
+    gpu.bus_id
+        .clone()
+        .unwrap_or_else(|| format!("00000000:{:02X}:00.0", i + 1))
+}
+
 /// Fills the caller's `nvmlPciInfo_t` for GPU `i`.
 ///
 /// # Safety
 /// `pci` is a valid, non-null pointer to an `nvmlPciInfo_t`.
 unsafe fn write_pci(pci: *mut NvmlPciInfo, gpu: &GpuConfig, i: usize) -> NvmlReturn {
-    let bus_id = gpu
-        .bus_id
-        .clone()
-        .unwrap_or_else(|| format!("00000000:{:02X}:00.0", i + 1));
+    let bus_id = bus_id_of(gpu, i);
     // SAFETY: the caller's pointer is valid; buffers are the struct's arrays.
     unsafe {
         (*pci).domain = 0;
@@ -764,6 +810,42 @@ unsafe fn write_pci(pci: *mut NvmlPciInfo, gpu: &GpuConfig, i: usize) -> NvmlRet
         let legacy: String = bus_id.chars().skip(4).collect();
         write_str((*pci).bus_id_legacy.as_mut_ptr(), 16, &legacy);
         write_str((*pci).bus_id.as_mut_ptr(), 32, &bus_id)
+    }
+}
+
+/// A PCI bus id's numbers (`domain:bus:device.function`, hexadecimal; NVML's 8-digit domain or
+/// the 4-digit one CUDA's `cuDeviceGetPCIBusId` writes).
+fn parse_bus_id(id: &str) -> Option<[u32; 4]> {
+    let (rest, function) = id.trim().rsplit_once('.')?;
+    let mut parts = rest.split(':');
+    let mut next = || u32::from_str_radix(parts.next()?, 16).ok();
+    Some([
+        next()?,
+        next()?,
+        next()?,
+        u32::from_str_radix(function, 16).ok()?,
+    ])
+}
+
+/// `nvmlDeviceGetHandleByPciBusId_v2`: "Acquire the handle for a particular device, based on its
+/// PCI bus id" (`domain:bus:device.function` in hexadecimal); NVML_ERROR_NOT_FOUND for none.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe {
+        handle_by(
+            "nvmlDeviceGetHandleByPciBusId_v2",
+            bus_id,
+            device,
+            |s, wanted| {
+                let wanted = parse_bus_id(wanted).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+                Ok((0..s.gpus.len())
+                    .find(|&i| parse_bus_id(&bus_id_of(&s.gpus[i], i)) == Some(wanted)))
+            },
+        )
     }
 }
 
@@ -823,6 +905,31 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
                 unsafe { write_pci(pci, &s.gpus[peer], peer) }
             }
             Ok(_) => NVML_ERROR_INVALID_ARGUMENT,
+            Err(code) => code,
+        }
+    })
+}
+
+/// `nvmlDeviceGetNvLinkRemoteDeviceType`: "Get the NVLink device type of the remote device
+/// connected over the given link": `NVML_NVLINK_DEVICE_TYPE_GPU` (0) for the fake's peers, which
+/// are all GPUs.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    device: NvmlDevice,
+    link: c_uint,
+    kind: *mut c_int,
+) -> NvmlReturn {
+    if kind.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetNvLinkRemoteDeviceType", device, |s, i| {
+        match nvlink_peer(s, i, link) {
+            Ok(Some(_)) => {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { *kind = 0 };
+                NVML_SUCCESS
+            }
+            Ok(None) => NVML_ERROR_INVALID_ARGUMENT,
             Err(code) => code,
         }
     })
@@ -1000,13 +1107,53 @@ pub struct NvmlProcessInfo {
     compute_instance_id: c_uint,
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v3`: "information about processes with a compute context
-/// on a device"; `*count` in: the buffer's size, out: the number of processes;
-/// NVML_ERROR_INSUFFICIENT_SIZE (with the count) when the buffer is too small, or NULL with a
-/// non-zero count needed. Listed: the calling process once it has a context on the fake driver's
-/// device, and the other tenant's process when there is one.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+/// `nvmlProcessInfo_v1_t`: what the unversioned `nvmlDeviceGetComputeRunningProcesses` (the first
+/// ABI, still exported by the driver's library) writes: pid and memory only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlProcessInfoV1 {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+}
+
+/// The compute processes of GPU `i`: the calling process once it has a context on the fake
+/// driver's device, and the other tenant's process when there is one; (pid, memory).
+fn compute_processes(s: &mut State, i: usize) -> Vec<(c_uint, c_ulonglong)> {
+    let mut all = Vec::new();
+    if s.config.other_tenant_utilization > 0 {
+        all.push((OTHER_PID, 0));
+    }
+    if let Some(d) = s.driver().filter(|d| d.has_context(i)) {
+        all.push((reported_pid(s), d.used(i)));
+    }
+    all
+}
+
+/// Writes a process list under NVML's contract: `*count` in, the buffer's size; out, the number
+/// of processes; NVML_ERROR_INSUFFICIENT_SIZE (with the count) when the buffer is too small, or
+/// NULL with a non-zero count needed.
+///
+/// # Safety
+/// `count` is non-null; `infos` holds `*count` entries when non-null.
+unsafe fn write_processes<T: Copy>(count: *mut c_uint, infos: *mut T, all: &[T]) -> NvmlReturn {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if (*count as usize) < all.len() || (infos.is_null() && !all.is_empty()) {
+            *count = all.len() as c_uint;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (k, x) in all.iter().enumerate() {
+            *infos.add(k) = *x;
+        }
+        *count = all.len() as c_uint;
+    }
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (`_v3`, `_v2`: the same `nvmlProcessInfo_t`):
+/// "information about processes with a compute context on a device" ([`compute_processes`]).
+unsafe fn processes(
+    function: &str,
     device: NvmlDevice,
     count: *mut c_uint,
     infos: *mut NvmlProcessInfo,
@@ -1014,32 +1161,78 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    with_gpu("nvmlDeviceGetComputeRunningProcesses_v3", device, |s, i| {
-        let info = |pid, used_gpu_memory| NvmlProcessInfo {
-            pid,
-            used_gpu_memory,
-            gpu_instance_id: u32::MAX,
-            compute_instance_id: u32::MAX,
-        };
-        let mut all = Vec::new();
-        if s.config.other_tenant_utilization > 0 {
-            all.push(info(OTHER_PID, 0));
-        }
-        if let Some(d) = s.driver().filter(|d| d.has_context(i)) {
-            all.push(info(reported_pid(s), d.used(i)));
-        }
+    with_gpu(function, device, |s, i| {
+        let all: Vec<NvmlProcessInfo> = compute_processes(s, i)
+            .into_iter()
+            .map(|(pid, used_gpu_memory)| NvmlProcessInfo {
+                pid,
+                used_gpu_memory,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            })
+            .collect();
         // SAFETY: non-null count; `infos` holds `*count` entries when non-null.
-        unsafe {
-            if (*count as usize) < all.len() || (infos.is_null() && !all.is_empty()) {
-                *count = all.len() as c_uint;
-                return NVML_ERROR_INSUFFICIENT_SIZE;
-            }
-            for (k, x) in all.iter().enumerate() {
-                *infos.add(k) = *x;
-            }
-            *count = all.len() as c_uint;
-        }
-        NVML_SUCCESS
+        unsafe { write_processes(count, infos, &all) }
+    })
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe {
+        processes(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            device,
+            count,
+            infos,
+        )
+    }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe {
+        processes(
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            device,
+            count,
+            infos,
+        )
+    }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (the first ABI, `nvmlProcessInfo_v1_t`; PyTorch looks it
+/// up by this name for its out-of-memory report).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_gpu("nvmlDeviceGetComputeRunningProcesses", device, |s, i| {
+        let all: Vec<NvmlProcessInfoV1> = compute_processes(s, i)
+            .into_iter()
+            .map(|(pid, used_gpu_memory)| NvmlProcessInfoV1 {
+                pid,
+                used_gpu_memory,
+            })
+            .collect();
+        // SAFETY: non-null count; `infos` holds `*count` entries when non-null.
+        unsafe { write_processes(count, infos, &all) }
     })
 }
 
