@@ -1,11 +1,11 @@
 """The frameworks' allocation paths under libvgpu.so on a real GPU (run by check.sh with
 CUDA_DEVICE_MEMORY_LIMIT=CAP_MIB m): each subcommand prints one `PASS name` or `FAIL name: why` line
-per check. These are what the fake driver cannot run (PyTorch, NCCL, kernels: docs/runtime-hook.md,
-Real callers); the CUDA runtime's and CuPy's allocation paths are tests/python's, run here too.
+per check. These are what the suite cannot run over the fake driver (CuPy's kernels, which need
+NVRTC and the CUDA headers; NCCL: docs/runtime-hook.md, Real callers); the CUDA runtime's, CuPy's
+and PyTorch's paths are tests/python's, run here too.
 
-usage: callers.py CAP_MIB cupy-kernels|torch|nccl-rank RANK WORLD
+usage: callers.py CAP_MIB cupy-kernels|nccl-rank RANK WORLD
 """
-import os
 import sys
 
 MIB = 1 << 20
@@ -23,21 +23,6 @@ def cupy_kernels():
     report("CuPy kernels run within the slice", int(y.sum()) == CAP // 2)
 
 
-def torch_allocator():
-    import torch
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")
-    free, total = torch.cuda.mem_get_info()
-    report(f"PyTorch ({conf}) mem_get_info total is the slice", total == CAP, total)
-    try:
-        x = torch.empty(CAP + 64 * MIB, dtype=torch.uint8, device="cuda")
-        report(f"PyTorch ({conf}) past the slice raises OutOfMemoryError", False, "it allocated")
-        del x
-    except torch.cuda.OutOfMemoryError:
-        report(f"PyTorch ({conf}) past the slice raises OutOfMemoryError", True)
-    xs = [torch.ones(64 * MIB, dtype=torch.uint8, device="cuda") for _ in range(CAP // (128 * MIB))]
-    report(f"PyTorch ({conf}) half the slice in 64 MiB tensors", len(xs) > 0)
-
-
 def nccl_rank(rank, world):
     import torch
     import torch.distributed as dist
@@ -53,7 +38,5 @@ if __name__ == "__main__":
     what = sys.argv[2]
     if what == "cupy-kernels":
         cupy_kernels()
-    elif what == "torch":
-        torch_allocator()
     elif what == "nccl-rank":
         nccl_rank(int(sys.argv[3]), int(sys.argv[4]))

@@ -5,9 +5,9 @@
 # 5 GiB allocation raised OOM, matmul throughput and its ratio to the baseline) and PASS/FAIL lines.
 # Then the real callers under a 1024 MiB slice: NVIDIA's cuda-bindings driver checks
 # (tests/python/driver_checks.py, also with the per-thread default stream) and nvidia-ml-py
-# (tests/python/nvml_checks.py), the CUDA runtime, CuPy, PyTorch's allocator with and without
-# expandable segments, and an NCCL all-reduce between two processes on the one GPU
-# (tests/gpu/callers.py). A caller whose package is missing is reported and skipped.
+# (tests/python/nvml_checks.py), the CUDA runtime, CuPy, PyTorch with and without expandable
+# segments (the suite's scripts), CuPy's compiled kernels and an NCCL all-reduce between two
+# processes on the one GPU (tests/gpu/callers.py, what only a GPU runs). A caller whose package is missing is reported and skipped.
 # Exit status: 0 all passed, 1 a check failed, 2 the machine cannot run the check.
 #
 #   tests/gpu/check.sh            # from the repository root; MEASURE_S=5 sets the measured seconds
@@ -88,9 +88,9 @@ if has cupy CuPy; then
   run_caller cupy python3 "$root/tests/python/cupy_checks.py" $cap
   run_caller cupy-kernels python3 "$root/tests/gpu/callers.py" $cap cupy-kernels
 fi
-run_caller torch python3 "$root/tests/gpu/callers.py" $cap torch
+run_caller torch python3 "$root/tests/python/torch_checks.py" $cap
 caller_env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-run_caller torch-expandable python3 "$root/tests/gpu/callers.py" $cap torch
+run_caller torch-expandable python3 "$root/tests/python/torch_checks.py" $cap
 unset 'caller_env[2]'
 # Two ranks on one GPU, each a process under the hook with its own slice; NCCL's cuMem paths
 # (device and host) go through the hook's cuMemCreate.

@@ -162,7 +162,7 @@ fn nvidia_ml_py_reports_the_slice() {
 /// here.
 #[test]
 fn the_cuda_runtime_is_capped_on_every_path() {
-    for (major, tables) in [(12, &CUDART_12_TABLES[..]), (13, &CUDART_13_TABLES[..])] {
+    for (major, tables) in [(12, &CUDART_TABLES[..]), (13, &CUDART_13_5_TABLES[..])] {
         let Some(py) = python(&format!("cuda{major}")) else {
             continue;
         };
@@ -173,12 +173,9 @@ fn the_cuda_runtime_is_capped_on_every_path() {
             vgpu_tests::PYTHON_RUNTIME_CHECKS,
             &format!("cudart {major}"),
         );
-        let asked: Vec<&str> = stderr
-            .lines()
-            .filter_map(|l| l.strip_prefix("fake-cuda: cuGetExportTable "))
-            .collect();
         assert_eq!(
-            asked, tables,
+            export_tables_asked(&stderr),
+            tables,
             "cudart {major}: the export tables it asks for"
         );
         assert!(
@@ -188,7 +185,16 @@ fn the_cuda_runtime_is_capped_on_every_path() {
     }
 }
 
-const CUDART_12_TABLES: [&str; 7] = [
+/// The export tables a process asked for, as the fake's trace prints them.
+fn export_tables_asked(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("fake-cuda: cuGetExportTable "))
+        .collect()
+}
+
+/// What cudart 12.9 and 13.2 (PyTorch's) ask for.
+const CUDART_TABLES: [&str; 7] = [
     "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
     "6bd5fb6c5bf4e74a8987d93912fd9df9: CUDART_INTERFACE",
     "a094798c2e742e7493f20800200c0a66: TOOLS_RUNTIME_CALLBACK_HOOKS",
@@ -198,7 +204,8 @@ const CUDART_12_TABLES: [&str; 7] = [
     "d4082055bde6704b8d34ba123c66e1f2: INTEGRITY_CHECK",
 ];
 
-const CUDART_13_TABLES: [&str; 8] = [
+/// What cudart 13.5 asks for: the tools context table too.
+const CUDART_13_5_TABLES: [&str; 8] = [
     "f8cff95121468b4eb9e2fb469e7c0dd9: NOT PROVIDED",
     "6bd5fb6c5bf4e74a8987d93912fd9df9: CUDART_INTERFACE",
     "a094798c2e742e7493f20800200c0a66: TOOLS_RUNTIME_CALLBACK_HOOKS",
@@ -243,8 +250,14 @@ fn pytorch_is_capped() {
             vgpu_tests::PYTHON_TORCH_EXPANDABLE_CHECKS,
         ),
     ] {
-        let (stdout, stderr) = fakes.run(&py, "torch_checks.py", vars);
+        let vars = [vars, &[("FAKE_CUDA_TRACE", "1")]].concat();
+        let (stdout, stderr) = fakes.run(&py, "torch_checks.py", &vars);
         assert_checks(&stdout, want, &format!("PyTorch {vars:?}"));
+        assert_eq!(
+            export_tables_asked(&stderr),
+            CUDART_TABLES,
+            "PyTorch's cudart 13.2: the export tables it asks for"
+        );
         assert!(
             !stderr.contains("vgpu:"),
             "PyTorch: the hook complained:\n{stderr}"
