@@ -363,8 +363,8 @@ fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     Ok(ptr)
 }
 
-/// The allocation (`cuMemAlloc`, pitched, managed, stream-ordered or mapped) containing `ptr`:
-/// its start and size.
+/// The allocation (`cuMemAlloc`, pitched, managed, stream-ordered, mapped, or a module's global)
+/// containing `ptr`: its start and size.
 pub(crate) fn allocation_at(ptr: u64) -> Option<(u64, u64)> {
     let plain = {
         let s = state().ok()?;
@@ -373,6 +373,7 @@ pub(crate) fn allocation_at(ptr: u64) -> Option<(u64, u64)> {
     plain
         .or_else(|| pools::allocation_at(ptr))
         .or_else(|| vmm::mapping_at(ptr))
+        .or_else(|| modules::global_at(ptr))
 }
 
 /// Takes `bytes` of device `d`'s memory without a pointer of its own (a memory pool's reserve

@@ -559,6 +559,16 @@ pub unsafe extern "C" fn cuFuncGetModule(
 /// Size the fake gives every global variable: it cannot read a variable's size from the image.
 const GLOBAL_BYTES: u64 = 256;
 
+/// The global variable containing `ptr`: its start and size (memsets and copies may target one).
+pub fn global_at(ptr: u64) -> Option<(u64, u64)> {
+    objects(|o| {
+        o.globals
+            .values()
+            .map(|&at| (at, GLOBAL_BYTES))
+            .find(|&(at, n)| (at..at + n).contains(&ptr))
+    })
+}
+
 unsafe fn get_global(
     ptr: *mut u64,
     bytes: *mut usize,
