@@ -55,6 +55,7 @@ struct Objects {
     named: HashMap<(usize, CString), usize>,
     /// Global variables handed out, by module and name: their device address.
     globals: HashMap<(usize, CString), u64>,
+    next_global: u64,
 }
 
 /// Where globals' addresses start (apart from every allocator's range).
@@ -78,8 +79,9 @@ impl Objects {
         at
     }
 
-    /// Forgets `owner` and every kernel or function named in it.
+    /// Forgets `owner` and every kernel, function or global named in it.
     fn unload(&mut self, owner: usize) {
+        self.globals.retain(|(o, _), _| *o != owner);
         let gone: Vec<usize> = self
             .named
             .iter()
@@ -122,8 +124,8 @@ unsafe fn load(out: *mut *mut c_void, image: *const c_void, library: bool) -> CU
     if out.is_null() || image.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    // A module belongs to the current context; a library is context-independent (cuda.h), but the
-    // fake has one address space, so both only check the driver is initialised.
+    // A module is loaded into the current context (CUDA_ERROR_INVALID_CONTEXT without one); a
+    // library is context-independent (cuda.h), so it needs only the driver initialised.
     if !library {
         try_cu!(current());
     } else {
@@ -590,11 +592,14 @@ unsafe fn get_global(
             _ => return Err(CUDA_ERROR_INVALID_HANDLE),
         };
         let key = (module, name.to_owned());
-        let n = o.globals.len() as u64;
-        Ok(*o
-            .globals
-            .entry(key)
-            .or_insert(GLOBALS_BASE + n * GLOBAL_BYTES))
+        if let Some(&at) = o.globals.get(&key) {
+            return Ok(at);
+        }
+        // Addresses are never reused, like handles.
+        let at = GLOBALS_BASE + o.next_global * GLOBAL_BYTES;
+        o.next_global += 1;
+        o.globals.insert(key, at);
+        Ok(at)
     });
     let at = try_cu!(found);
     // SAFETY: each written only when non-null ("dptr ... bytes ... if NULL, it is ignored").
