@@ -363,12 +363,19 @@ fn alloc_on_at(d: usize, bytes: u64, low: bool) -> Result<u64, CUresult> {
     Ok(ptr)
 }
 
+/// Of `(start, size)` ranges, the one containing `ptr`.
+pub(crate) fn containing(ranges: impl Iterator<Item = (u64, u64)>, ptr: u64) -> Option<(u64, u64)> {
+    ranges
+        .into_iter()
+        .find(|&(at, n)| (at..at + n).contains(&ptr))
+}
+
 /// The allocation (`cuMemAlloc`, pitched, managed, stream-ordered, mapped, or a module's global)
 /// containing `ptr`: its start and size.
 pub(crate) fn allocation_at(ptr: u64) -> Option<(u64, u64)> {
     let plain = {
         let s = state().ok()?;
-        pools::containing(s.allocations.iter().map(|(&at, &(_, n))| (at, n)), ptr)
+        containing(s.allocations.iter().map(|(&at, &(_, n))| (at, n)), ptr)
     };
     plain
         .or_else(|| pools::allocation_at(ptr))

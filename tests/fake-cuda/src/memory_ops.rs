@@ -51,11 +51,10 @@ fn check_range(ptr: u64, count: usize, width: u64) -> CUresult {
 }
 
 fn check_async(ptr: u64, count: usize, width: u64, stream: CUstream) -> CUresult {
-    try_cu!(match stream_ok(stream) {
-        CUDA_SUCCESS => Ok(()),
-        e => Err(e),
-    });
-    check_range(ptr, count, width)
+    match stream_ok(stream) {
+        CUDA_SUCCESS => check_range(ptr, count, width),
+        e => e,
+    }
 }
 
 /// `cuMemsetD8_v2`: "Sets the memory range of N 8-bit values to the specified value uc".

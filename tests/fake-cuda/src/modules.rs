@@ -371,19 +371,25 @@ pub unsafe extern "C" fn cuKernelGetFunction(
         return CUDA_ERROR_INVALID_VALUE;
     }
     try_cu!(current());
-    let found = objects(|o| {
-        let (library, name) = match o.live.get(&(kernel as usize)) {
-            Some(Object::Kernel { library, name }) => (*library, name.clone()),
-            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
-        };
-        let Some(&Object::Library { module }) = o.live.get(&library) else {
-            return Err(CUDA_ERROR_INVALID_HANDLE);
-        };
-        Ok(o.named(module, &name, || function_of(module, &name)))
+    let found = objects(|o| match o.live.get(&(kernel as usize)) {
+        Some(Object::Kernel { .. }) => kernel_function(o, kernel as usize),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
     });
     // SAFETY: checked non-null.
     unsafe { *function = try_cu!(found) as *mut c_void };
     CUDA_SUCCESS
+}
+
+/// The function of kernel `kernel`: the one of that name in its library's module.
+fn kernel_function(o: &mut Objects, kernel: usize) -> Result<usize, CUresult> {
+    let Some(Object::Kernel { library, name }) = o.live.get(&kernel) else {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    };
+    let (library, name) = (*library, name.clone());
+    let Some(&Object::Library { module }) = o.live.get(&library) else {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    };
+    Ok(o.named(module, &name, || function_of(module, &name)))
 }
 
 /// What a function's code reports for an attribute the caller did not set: a kernel of the fake
@@ -407,13 +413,7 @@ fn with_function<R>(
     objects(|o| {
         let at = match o.live.get(&(handle as usize)) {
             Some(Object::Function { .. }) => handle as usize,
-            Some(Object::Kernel { library, name }) => {
-                let (library, name) = (*library, name.clone());
-                let Some(&Object::Library { module }) = o.live.get(&library) else {
-                    return Err(CUDA_ERROR_INVALID_HANDLE);
-                };
-                o.named(module, &name, || function_of(module, &name))
-            }
+            Some(Object::Kernel { .. }) => kernel_function(o, handle as usize)?,
             _ => return Err(CUDA_ERROR_INVALID_HANDLE),
         };
         match o.live.get_mut(&at) {
@@ -563,12 +563,7 @@ const GLOBAL_BYTES: u64 = 256;
 
 /// The global variable containing `ptr`: its start and size (memsets and copies may target one).
 pub fn global_at(ptr: u64) -> Option<(u64, u64)> {
-    objects(|o| {
-        o.globals
-            .values()
-            .map(|&at| (at, GLOBAL_BYTES))
-            .find(|&(at, n)| (at..at + n).contains(&ptr))
-    })
+    objects(|o| crate::containing(o.globals.values().map(|&at| (at, GLOBAL_BYTES)), ptr))
 }
 
 unsafe fn get_global(

@@ -125,14 +125,7 @@ pub fn free(ptr: u64) -> bool {
 
 /// The pool allocation containing `ptr`: its start and size.
 pub fn allocation_at(ptr: u64) -> Option<(u64, u64)> {
-    pools(|p| containing(p.allocations.iter().map(|(&at, &(_, n))| (at, n)), ptr))
-}
-
-/// Of `(start, size)` ranges, the one containing `ptr`.
-pub(crate) fn containing(ranges: impl Iterator<Item = (u64, u64)>, ptr: u64) -> Option<(u64, u64)> {
-    ranges
-        .into_iter()
-        .find(|&(at, n)| (at..at + n).contains(&ptr))
+    pools(|p| crate::containing(p.allocations.iter().map(|(&at, &(_, n))| (at, n)), ptr))
 }
 
 /// A synchronisation: every pool gives back what it holds above its release threshold.
